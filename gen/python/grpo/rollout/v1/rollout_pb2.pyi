@@ -1,0 +1,215 @@
+from grpo.common.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_STOP: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_ABORT: _ClassVar[FinishReason]
+
+class WeightFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WEIGHT_FORMAT_UNSPECIFIED: _ClassVar[WeightFormat]
+    WEIGHT_FORMAT_LORA_ADAPTER: _ClassVar[WeightFormat]
+    WEIGHT_FORMAT_STATE_DICT: _ClassVar[WeightFormat]
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_STOP: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_ABORT: FinishReason
+WEIGHT_FORMAT_UNSPECIFIED: WeightFormat
+WEIGHT_FORMAT_LORA_ADAPTER: WeightFormat
+WEIGHT_FORMAT_STATE_DICT: WeightFormat
+
+class Prompt(_message.Message):
+    __slots__ = ("id", "messages", "text", "token_ids")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SamplingParams(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "seed", "repetition_penalty", "min_tokens")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    max_tokens: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    seed: int
+    repetition_penalty: float
+    min_tokens: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., min_tokens: _Optional[int] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("prompts", "n", "sampling")
+    PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    prompts: _containers.RepeatedCompositeFieldContainer[Prompt]
+    n: int
+    sampling: SamplingParams
+    def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., n: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+
+class Completion(_message.Message):
+    __slots__ = ("prompt_id", "prompt_token_ids", "token_ids", "text", "logprobs", "finish_reason", "policy_version")
+    PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    prompt_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    text: str
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    finish_reason: FinishReason
+    policy_version: int
+    def __init__(self, prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., policy_version: _Optional[int] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("completions",)
+    COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    completions: _containers.RepeatedCompositeFieldContainer[Completion]
+    def __init__(self, completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ...) -> None: ...
+
+class UpdateWeightsRequest(_message.Message):
+    __slots__ = ("version", "format", "adapter_config_json", "total_bytes", "sha256", "data")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    format: WeightFormat
+    adapter_config_json: str
+    total_bytes: int
+    sha256: str
+    data: bytes
+    def __init__(self, version: _Optional[int] = ..., format: _Optional[_Union[WeightFormat, str]] = ..., adapter_config_json: _Optional[str] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class UpdateWeightsResponse(_message.Message):
+    __slots__ = ("policy_version", "bytes_received", "tensors_loaded", "apply_seconds")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_LOADED_FIELD_NUMBER: _ClassVar[int]
+    APPLY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    bytes_received: int
+    tensors_loaded: int
+    apply_seconds: float
+    def __init__(self, policy_version: _Optional[int] = ..., bytes_received: _Optional[int] = ..., tensors_loaded: _Optional[int] = ..., apply_seconds: _Optional[float] = ...) -> None: ...
+
+class LoadWeightsRequest(_message.Message):
+    __slots__ = ("path", "version", "format")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    version: int
+    format: WeightFormat
+    def __init__(self, path: _Optional[str] = ..., version: _Optional[int] = ..., format: _Optional[_Union[WeightFormat, str]] = ...) -> None: ...
+
+class LoadWeightsResponse(_message.Message):
+    __slots__ = ("policy_version", "tensors_loaded", "apply_seconds")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_LOADED_FIELD_NUMBER: _ClassVar[int]
+    APPLY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    tensors_loaded: int
+    apply_seconds: float
+    def __init__(self, policy_version: _Optional[int] = ..., tensors_loaded: _Optional[int] = ..., apply_seconds: _Optional[float] = ...) -> None: ...
+
+class SleepRequest(_message.Message):
+    __slots__ = ("level",)
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    level: int
+    def __init__(self, level: _Optional[int] = ...) -> None: ...
+
+class MemoryUsage(_message.Message):
+    __slots__ = ("rss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes")
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CUDA_ALLOCATED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CUDA_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    rss_bytes: int
+    cuda_allocated_bytes: int
+    cuda_reserved_bytes: int
+    def __init__(self, rss_bytes: _Optional[int] = ..., cuda_allocated_bytes: _Optional[int] = ..., cuda_reserved_bytes: _Optional[int] = ...) -> None: ...
+
+class SleepResponse(_message.Message):
+    __slots__ = ("level", "memory_before", "memory_after")
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_AFTER_FIELD_NUMBER: _ClassVar[int]
+    level: int
+    memory_before: MemoryUsage
+    memory_after: MemoryUsage
+    def __init__(self, level: _Optional[int] = ..., memory_before: _Optional[_Union[MemoryUsage, _Mapping]] = ..., memory_after: _Optional[_Union[MemoryUsage, _Mapping]] = ...) -> None: ...
+
+class WakeUpRequest(_message.Message):
+    __slots__ = ("tags",)
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tags: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WakeUpResponse(_message.Message):
+    __slots__ = ("weights_valid", "memory", "wake_seconds")
+    WEIGHTS_VALID_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    WAKE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    weights_valid: bool
+    memory: MemoryUsage
+    wake_seconds: float
+    def __init__(self, weights_valid: _Optional[bool] = ..., memory: _Optional[_Union[MemoryUsage, _Mapping]] = ..., wake_seconds: _Optional[float] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStatusResponse(_message.Message):
+    __slots__ = ("engine", "device", "model", "policy_version", "sleep_level", "sleeping_tags", "weights_valid", "memory", "max_model_len", "weight_format")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SLEEP_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    SLEEPING_TAGS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_VALID_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    device: str
+    model: str
+    policy_version: int
+    sleep_level: int
+    sleeping_tags: _containers.RepeatedScalarFieldContainer[str]
+    weights_valid: bool
+    memory: MemoryUsage
+    max_model_len: int
+    weight_format: WeightFormat
+    def __init__(self, engine: _Optional[str] = ..., device: _Optional[str] = ..., model: _Optional[str] = ..., policy_version: _Optional[int] = ..., sleep_level: _Optional[int] = ..., sleeping_tags: _Optional[_Iterable[str]] = ..., weights_valid: _Optional[bool] = ..., memory: _Optional[_Union[MemoryUsage, _Mapping]] = ..., max_model_len: _Optional[int] = ..., weight_format: _Optional[_Union[WeightFormat, str]] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""Tiny models made locally for tests, benchmarks and the demo (nothing comes from a model hub)."""

@@ -1,0 +1,3 @@
+from tiny_models.make import main
+
+main()
