@@ -70,6 +70,9 @@ class RewardServiceServicer:
 
     def Score(self, request, context):
         """Scores every sample with every reward in the request.
+        ScoreStream carries the same messages, so a stream is a sequence of Score
+        calls: the names are part of the fixed contract (DESIGN.md).
+        buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

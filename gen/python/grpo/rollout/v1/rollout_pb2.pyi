@@ -96,7 +96,7 @@ class GenerateResponse(_message.Message):
     completions: _containers.RepeatedCompositeFieldContainer[Completion]
     def __init__(self, completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ...) -> None: ...
 
-class UpdateWeightsRequest(_message.Message):
+class WeightChunk(_message.Message):
     __slots__ = ("version", "format", "adapter_config_json", "total_bytes", "sha256", "data")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]

@@ -49,7 +49,7 @@ class RolloutServiceStub:
                 _registered_method=True)
         self.UpdateWeights = channel.stream_unary(
                 '/grpo.rollout.v1.RolloutService/UpdateWeights',
-                request_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsRequest.SerializeToString,
+                request_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.WeightChunk.SerializeToString,
                 response_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.FromString,
                 _registered_method=True)
         self.LoadWeights = channel.unary_unary(
@@ -95,6 +95,8 @@ class RolloutServiceServicer:
     def UpdateWeights(self, request_iterator, context):
         """Replaces the policy weights with a streamed safetensors payload.
         All-or-nothing: on any error the previous weights keep serving.
+        `WeightChunk` is the fixed contract name (DESIGN.md).
+        buf:lint:ignore RPC_REQUEST_STANDARD_NAME
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -138,7 +140,7 @@ def add_RolloutServiceServicer_to_server(servicer, server):
             ),
             'UpdateWeights': grpc.stream_unary_rpc_method_handler(
                     servicer.UpdateWeights,
-                    request_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsRequest.FromString,
+                    request_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.WeightChunk.FromString,
                     response_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.SerializeToString,
             ),
             'LoadWeights': grpc.unary_unary_rpc_method_handler(
@@ -222,7 +224,7 @@ class RolloutService:
             request_iterator,
             target,
             '/grpo.rollout.v1.RolloutService/UpdateWeights',
-            grpo_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsRequest.SerializeToString,
+            grpo_dot_rollout_dot_v1_dot_rollout__pb2.WeightChunk.SerializeToString,
             grpo_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.FromString,
             options,
             channel_credentials,

@@ -83,7 +83,8 @@ class TrainerServiceServicer:
 
     def WatchRun(self, request, context):
         """Streams the run's events: first the events so far, then new ones as they
-        happen; ends when the run ends.
+        happen; ends when the run ends. `RunEvent` is the fixed contract name.
+        buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
