@@ -1,0 +1,1 @@
+"""Shared gRPC server runtime: health, reflection, auth, TLS, metrics, JSON logs, graceful shutdown."""
