@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Build the service images: `docker/build_images.sh [cpu|cuda]` (default cpu).
+# cpu: BASE_IMAGE defaults to python:3.11-slim-bookworm when that image is present locally, else to
+#      a local Debian base made by build_base.sh (no registry is needed). Images are tagged
+#      grpo-services/{reward,rollout,trainer}:cpu (+ grpo-services/reward:cpu-slim without torch).
+# cuda: needs BASE_IMAGE_CUDA (an NVIDIA CUDA runtime image with Python 3.11) and a CUDA wheelhouse;
+#       see docker/*.cuda.Dockerfile.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+flavour=${1:-cpu}
+docker info >/dev/null 2>&1 || { echo "no Docker daemon: start dockerd first (see README)" >&2; exit 1; }
+
+if [ "$flavour" = cpu ]; then
+    base=${BASE_IMAGE:-python:3.11-slim-bookworm}
+    if ! docker image inspect "$base" >/dev/null 2>&1; then
+        base=grpo-services/base:bookworm
+        docker/build_base.sh "$base"
+    fi
+    docker/build_wheelhouse.sh
+    build() {  # name dockerfile [build args...]
+        local tag=$1 file=$2
+        shift 2
+        echo "building $tag"
+        docker build -q --network=none -f "$file" --build-arg BASE_IMAGE="$base" "$@" -t "$tag" . >/dev/null
+    }
+    build grpo-services/reward:cpu docker/reward.cpu.Dockerfile
+    build grpo-services/reward:cpu-slim docker/reward.cpu.Dockerfile --build-arg EXTRA=reward-slim
+    build grpo-services/rollout:cpu docker/rollout.cpu.Dockerfile
+    build grpo-services/trainer:cpu docker/trainer.cpu.Dockerfile
+    docker images --format '{{.Repository}}:{{.Tag}} {{.Size}}' 'grpo-services/*'
+elif [ "$flavour" = cuda ]; then
+    : "${BASE_IMAGE_CUDA:?set BASE_IMAGE_CUDA to an NVIDIA CUDA runtime image with Python 3.11}"
+    for service in reward rollout trainer; do
+        docker build -f "docker/$service.cuda.Dockerfile" --build-arg BASE_IMAGE="$BASE_IMAGE_CUDA" \
+            -t "grpo-services/$service:cuda" .
+    done
+else
+    echo "usage: $0 [cpu|cuda]" >&2
+    exit 2
+fi
