@@ -6,12 +6,13 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed
-PROTO_FILES := $(shell find protos -name '*.proto' | sort)
+# checkov pins packaging/networkx versions that clash with the project's, so it lives in its own venv.
+TOOLS_STAMP := .venv-tools/.installed
 GEN := gen/python
 
-.PHONY: setup protos check-protos lint test test-fast run bench images clean models
+.PHONY: setup protos check-protos api-docs lint test test-fast run bench images images-cuda clean models
 
-setup: $(STAMP) models
+setup: $(STAMP) models $(TOOLS_STAMP) examples/node/node_modules
 
 # torch first, from the CPU wheel on this machine, so no extra can pull a CUDA build.
 $(STAMP): pyproject.toml
@@ -24,8 +25,21 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
+$(TOOLS_STAMP): tests/deploy/requirements-tools.txt
+	test -x .venv-tools/bin/python || $(PYTHON) -m venv .venv-tools
+	.venv-tools/bin/python -m pip install -q -r tests/deploy/requirements-tools.txt
+	touch $@
+
+examples/node/node_modules: examples/node/package-lock.json
+	cd examples/node && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
 protos: $(STAMP)
 	$(PY) -m grpo_runtime.codegen --proto-root protos --out $(GEN)
+	$(PY) scripts/gen_api_docs.py
+
+api-docs: $(STAMP)
+	$(PY) scripts/gen_api_docs.py
 
 check-protos: $(STAMP)
 	$(PY) -m grpo_runtime.codegen --proto-root protos --out $(GEN) --check
@@ -35,6 +49,7 @@ models: $(STAMP)
 
 lint: $(STAMP) check-protos
 	$(BIN)/buf lint
+	$(PY) scripts/gen_api_docs.py --check
 	$(BIN)/buf format --diff --exit-code
 	./scripts/buf_breaking.sh
 	$(BIN)/ruff check .
@@ -52,8 +67,11 @@ run: setup
 bench: setup
 	$(PY) -m bench
 
-images:
-	./docker/build_images.sh
+images: $(STAMP)
+	./docker/build_images.sh cpu
+
+images-cuda:
+	./docker/build_images.sh cuda
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache runs

@@ -19,7 +19,7 @@ from __future__ import annotations
 import collections
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
@@ -70,6 +70,11 @@ class ChannelConfig(BaseModel):
     default_timeout_s: float | None = Field(
         None, gt=0, description="Deadline for calls that pass none (s); None = no deadline."
     )
+    load_balancing: Literal["pick_first", "round_robin"] = Field(
+        "pick_first",
+        description="round_robin spreads calls over every address the target resolves to (a Kubernetes "
+        "headless Service: 'dns:///rollout-headless:50052'); pick_first keeps one connection.",
+    )
 
     @model_validator(mode="after")
     def _tls_files_consistent(self) -> ChannelConfig:
@@ -93,7 +98,7 @@ def service_config(cfg: ChannelConfig) -> dict[str, Any]:
             "backoffMultiplier": cfg.retry_backoff_multiplier,
             "retryableStatusCodes": ["UNAVAILABLE"],
         }
-    return {"methodConfig": [method_config]}
+    return {"loadBalancingConfig": [{cfg.load_balancing: {}}], "methodConfig": [method_config]}
 
 
 def channel_options(cfg: ChannelConfig) -> list[tuple[str, Any]]:

@@ -47,3 +47,11 @@ def test_channel_config_validation(tmp_path):
         ChannelConfig(target="h:1", tokn="x")
     assert not ChannelConfig(target="h:1").secure
     assert ChannelConfig(target="h:1", tls_ca_file=tmp_path / "ca.pem").secure
+
+
+def test_round_robin_spreads_over_resolved_addresses():
+    assert service_config(ChannelConfig(target="x:1"))["loadBalancingConfig"] == [{"pick_first": {}}]
+    config = ChannelConfig(target="dns:///rollout-headless:50052", load_balancing="round_robin")
+    assert service_config(config)["loadBalancingConfig"] == [{"round_robin": {}}]
+    with pytest.raises(ValidationError, match="load_balancing"):
+        ChannelConfig(target="x:1", load_balancing="random")
