@@ -1,0 +1,609 @@
+"""`trl.GRPOTrainer` subclasses whose loss is one of `trainer_service.losses`' variants, for real.
+
+The subclass overrides `_compute_loss` (which TRL's `compute_loss` and `prediction_step` call) with the same
+structure as TRL 1.16's: it recomputes the per-token log-probabilities WITH grad through TRL's own
+`_get_per_token_logps_and_entropies`, then calls the variant's pure policy term and aggregation from `losses`,
+and keeps TRL's extra terms identical: off-policy sequence mask, top-entropy mask, rollout (vLLM) importance-
+sampling correction, β·KL (k3, bias-corrected by the ratio when `use_bias_correction_kl`), entropy bonus, MoE
+aux loss, and the metrics (`entropy`, `kl`, `clip_ratio/*`, `cispo_clip_ratio`, `vespo/phi_seq_mean`). It
+never falls back to another loss: a missing input key raises `MissingLossInputError` (a `KeyError`) naming the
+key, and a `GRPOConfig` that disagrees with the variant is rejected at construction, naming the field.
+
+API for the config builder::
+
+    from trainer_service.variant_trainer import grpo_config_overrides, make_variant_trainer
+
+    overrides = grpo_config_overrides(
+        cfg.grpo_variant, grpo_delta=cfg.grpo_delta, epsilon=cfg.grpo_epsilon,
+        epsilon_high=cfg.grpo_epsilon_high, params=cfg.variant_params,
+    )   # raises VariantConfigError(key=...) on a bad combination
+    args = GRPOConfig(..., beta=cfg.grpo_beta, **overrides)
+    trainer = make_variant_trainer(cfg.grpo_variant)(
+        model=..., args=args, reward_funcs=..., train_dataset=..., rollout_func=..., peft_config=...,
+    )
+
+`grpo_config_overrides` sets these `GRPOConfig` fields (always all of the first five):
+
+    variant     loss_type  importance_sampling_level  delta (from grpo_delta)         variant_params keys
+    grpo        grpo       token                      INTELLECT-2 cap > 1+ε_high | -  -
+    dr_grpo     dr_grpo    token                      cap | -                         -
+    dapo        dapo       token                      cap | -                         -
+    bnpo        bnpo       token                      cap | -                         -
+    luspo       luspo      sequence                   cap | -                         -
+    gspo        grpo       sequence                   cap | -                         -
+    cispo       cispo      token                      - (rejected)                    -
+    sapo        sapo       token                      -                               sapo_temperature_pos/neg
+    vespo       vespo      token                      -                               vespo_k/lambda_pos/neg
+    two_sided   dapo       token                      half-width δ ∈ (0, 1] REQUIRED  -
+    rft         bnpo       token                      -                               -
+    gpg         dapo       token                      -                               -
+
+plus `epsilon`, `epsilon_high` as given, and `vllm_importance_sampling_mode="token_truncate"` for vespo (it
+folds a per-token sampler ratio into its weight). "standard" is an alias of "dapo", TRL 1.16's default
+`loss_type`.
+For the extra variants (two_sided, rft, gpg) TRL's own loss never runs, so `loss_type` only picks TRL's
+construction-time warnings and `delta` carries two_sided's δ with its own meaning (see `losses.two_sided`).
+Note for cispo: TRL clamps the ratio at `epsilon_high`, which defaults to `epsilon` (0.2); ScaleRL uses 5.0.
+
+Rollout IS correction: TRL computes `importance_sampling_ratio` (trainer vs sampler logprobs, TIS/MIS) only on
+its own vLLM path. With a `rollout_func` (the rollout service) and `vllm_importance_sampling_correction=True`
+(TRL's default) this trainer does the same after generation, from the `logprobs` the rollout_func returned:
+it adds `old_per_token_logps` (one no-grad forward, as TRL does for vLLM) and the ratio under
+`vllm_importance_sampling_mode` / `_clip_min` / `_clip_max`, and logs TRL's `sampling/*` metrics. Set
+`vllm_importance_sampling_correction=False` to train without it. Whenever the correction is on, a batch
+without the ratio is an error; a ratio present in the batch is always applied, as in TRL.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from trl import GRPOConfig, GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import nanmax, nanmin
+
+from trainer_service import losses
+
+ALIASES: dict[str, str] = {"standard": "dapo"}
+
+VARIANTS: dict[str, str] = {name: spec.description for name, spec in losses.VARIANT_SPECS.items()}
+
+# Parameters a variant takes from `variant_params`; each is a GRPOConfig field of the same name.
+VARIANT_PARAM_KEYS: dict[str, tuple[str, ...]] = {
+    "sapo": ("sapo_temperature_pos", "sapo_temperature_neg"),
+    "vespo": ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"),
+}
+
+# Keys `_compute_loss` always reads from the batch TRL's `_generate_and_score_completions` returns.
+REQUIRED_INPUT_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")
+
+# Optional multimodal inputs forwarded to the forward pass, as TRL does.
+_FORWARD_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+
+
+class VariantConfigError(ValueError):
+    """A variant/parameter combination that cannot train; `key` is the config key to change."""
+
+    def __init__(self, message: str, key: str):
+        self.key = key
+        super().__init__(f"{key}: {message}")
+
+
+class MissingLossInputError(KeyError):
+    """The batch TRL handed to the loss lacks a key the selected variant needs (never silently ignored)."""
+
+    def __init__(self, key: str, variant: str, why: str, present: list[str]):
+        self.key = key
+        self.message = (
+            f"GRPO loss variant {variant!r} needs inputs[{key!r}] ({why}), but the batch has only "
+            f"{sorted(present)}; the TRL version or the rollout path changed what it produces"
+        )
+        super().__init__(key)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def normalize_variant(variant: str) -> str:
+    """Lower-cased canonical name; raises VariantConfigError(key="grpo_variant") for an unknown one."""
+    if not isinstance(variant, str):
+        raise VariantConfigError(f"must be a string, got {type(variant).__name__}", key="grpo_variant")
+    name = variant.strip().lower()
+    name = ALIASES.get(name, name)
+    if name not in losses.VARIANT_SPECS:
+        choices = ", ".join(sorted([*losses.VARIANT_SPECS, *ALIASES]))
+        raise VariantConfigError(f"unknown variant {variant!r}; choose one of: {choices}", key="grpo_variant")
+    return name
+
+
+def _finite_number(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise VariantConfigError(f"must be a finite number, got {value!r}", key=key)
+    return float(value)
+
+
+def validate_variant_params(
+    variant: str,
+    *,
+    grpo_delta: float | None = None,
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    params: Mapping[str, Any] | None = None,
+) -> str:
+    """Check the variant's parameters; return the canonical variant name.
+
+    Rules (errors are `VariantConfigError` naming the key): two_sided needs grpo_delta ∈ (0, 1]; the clipped
+    TRL variants (grpo, dr_grpo, dapo, bnpo, luspo, gspo) accept grpo_delta only as INTELLECT-2's ratio cap,
+    > 1 + epsilon_high; the others reject it. `params` may only hold the keys in
+    `VARIANT_PARAM_KEYS[variant]`, each a finite number > 0 (vespo's k may be 0).
+    """
+    name = normalize_variant(variant)
+    spec = losses.VARIANT_SPECS[name]
+    epsilon = _finite_number(epsilon, "grpo_epsilon")
+    if epsilon <= 0:
+        raise VariantConfigError(f"must be > 0, got {epsilon}", key="grpo_epsilon")
+    eps_high = epsilon if epsilon_high is None else _finite_number(epsilon_high, "grpo_epsilon_high")
+    if eps_high <= 0:
+        raise VariantConfigError(f"must be > 0, got {eps_high}", key="grpo_epsilon_high")
+    if grpo_delta is not None:
+        delta = _finite_number(grpo_delta, "grpo_delta")
+        if spec.delta_role is None:
+            raise VariantConfigError(f"is not used by variant {name!r}; remove it", key="grpo_delta")
+        if spec.delta_role == "half_width" and not 0.0 < delta <= 1.0:
+            raise VariantConfigError(
+                f"two_sided clips the ratio to [1 − δ, 1 + δ], so δ must be in (0, 1]; got {delta}",
+                key="grpo_delta",
+            )
+        if spec.delta_role == "cap" and delta <= 1.0 + eps_high:
+            raise VariantConfigError(
+                f"for {name!r} it is INTELLECT-2's upper cap on the ratio and must be > 1 + epsilon_high "
+                f"({1.0 + eps_high}); got {delta} (a symmetric clip is variant 'two_sided')",
+                key="grpo_delta",
+            )
+    elif spec.delta_role == "half_width":
+        raise VariantConfigError("two_sided needs grpo_delta in (0, 1]", key="grpo_delta")
+    allowed = VARIANT_PARAM_KEYS.get(name, ())
+    for key, value in (params or {}).items():
+        if key not in allowed:
+            hint = f"allowed: {', '.join(allowed)}" if allowed else "this variant takes none"
+            raise VariantConfigError(
+                f"unknown parameter for variant {name!r} ({hint})", key=f"variant_params.{key}"
+            )
+        number = _finite_number(value, f"variant_params.{key}")
+        minimum_ok = number >= 0 if key.startswith("vespo_k") else number > 0
+        if not minimum_ok:
+            raise VariantConfigError(f"must be > 0, got {number}", key=f"variant_params.{key}")
+    return name
+
+
+def grpo_config_overrides(
+    variant: str,
+    *,
+    grpo_delta: float | None = None,
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    params: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """`GRPOConfig` keyword arguments that make TRL's configuration agree with `variant` (table in the module
+    docstring). Validates first (`validate_variant_params`)."""
+    name = validate_variant_params(
+        variant, grpo_delta=grpo_delta, epsilon=epsilon, epsilon_high=epsilon_high, params=params
+    )
+    spec = losses.VARIANT_SPECS[name]
+    overrides: dict[str, Any] = {
+        "loss_type": spec.trl_loss_type,
+        "importance_sampling_level": spec.importance_sampling_level or "token",
+        "delta": None if grpo_delta is None else float(grpo_delta),
+        "epsilon": float(epsilon),
+        "epsilon_high": None if epsilon_high is None else float(epsilon_high),
+    }
+    if name == "vespo":
+        # VESPO folds the sampler IS ratio into its sequence weight token by token (TRL requires token_*).
+        overrides["vllm_importance_sampling_mode"] = "token_truncate"
+    overrides.update({key: float(value) for key, value in (params or {}).items()})
+    return overrides
+
+
+def check_args_match_variant(variant: str, args: GRPOConfig) -> None:
+    """Reject a `GRPOConfig` whose loss fields contradict `variant` (message names the GRPOConfig field)."""
+    spec = losses.VARIANT_SPECS[variant]
+    if args.loss_type != spec.trl_loss_type:
+        raise VariantConfigError(
+            f"is {args.loss_type!r} but variant {variant!r} needs {spec.trl_loss_type!r}; build the "
+            "config with grpo_config_overrides()",
+            key="GRPOConfig.loss_type",
+        )
+    required_level = spec.importance_sampling_level
+    if required_level is not None and args.importance_sampling_level != required_level:
+        raise VariantConfigError(
+            f"is {args.importance_sampling_level!r} but variant {variant!r} needs {required_level!r}",
+            key="GRPOConfig.importance_sampling_level",
+        )
+    params = {
+        key: getattr(args, key)
+        for key in VARIANT_PARAM_KEYS.get(variant, ())
+        if getattr(args, key) != GRPOConfig.__dataclass_fields__[key].default
+    }
+    try:
+        validate_variant_params(
+            variant,
+            grpo_delta=args.delta,
+            epsilon=args.epsilon,
+            epsilon_high=args.epsilon_high,
+            params=params,
+        )
+    except VariantConfigError as error:
+        field = {"grpo_delta": "delta", "grpo_epsilon": "epsilon", "grpo_epsilon_high": "epsilon_high"}.get(
+            error.key, error.key
+        )
+        raise VariantConfigError(str(error).split(": ", 1)[1], key=f"GRPOConfig.{field}") from error
+
+
+def loss_params_from_args(args: GRPOConfig, epsilon_low: float, epsilon_high: float) -> losses.LossParams:
+    """The `LossParams` a trainer with `args` uses (ε values as TRL resolved them on the trainer)."""
+    return losses.LossParams(
+        epsilon_low=epsilon_low,
+        epsilon_high=epsilon_high,
+        delta=args.delta,
+        importance_sampling_level=args.importance_sampling_level,
+        sapo_temperature_pos=args.sapo_temperature_pos,
+        sapo_temperature_neg=args.sapo_temperature_neg,
+        vespo_k_pos=args.vespo_k_pos,
+        vespo_lambda_pos=args.vespo_lambda_pos,
+        vespo_k_neg=args.vespo_k_neg,
+        vespo_lambda_neg=args.vespo_lambda_neg,
+    )
+
+
+class VariantLossMixin:
+    """`_compute_loss` for a `GRPOTrainer` subclass; the class attribute `grpo_variant` selects the variant.
+
+    Mirrors TRL 1.16 `GRPOTrainer._compute_loss` step by step, with the policy term and aggregation replaced
+    by `losses.policy_loss` / `losses.aggregate`.
+    """
+
+    grpo_variant: str
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        check_args_match_variant(self.grpo_variant, self.args)
+        rollout_is = self.vllm_importance_sampling_correction and (
+            self.use_vllm or self.rollout_func is not None
+        )
+        if (
+            rollout_is
+            and self.grpo_variant == "vespo"
+            and not self.vllm_importance_sampling_mode.startswith("token")
+        ):
+            raise VariantConfigError(
+                f"is {self.vllm_importance_sampling_mode!r} but vespo folds a per-token IS ratio into its "
+                "weight: use 'token_truncate' or 'token_mask' (grpo_config_overrides sets it)",
+                key="GRPOConfig.vllm_importance_sampling_mode",
+            )
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        output = super()._generate_and_score_completions(inputs)
+        # TRL corrects for the sampler only on its own vLLM path; a rollout_func sampler (the rollout service)
+        # gets the same correction here, from the log-probs it returned.
+        if self.rollout_func is not None and not self.use_vllm and self.vllm_importance_sampling_correction:
+            self._add_rollout_importance_sampling(output)
+        return output
+
+    def _add_rollout_importance_sampling(self, output: dict[str, Any]) -> None:
+        """Add `old_per_token_logps` (if TRL skipped it) and `importance_sampling_ratio` to a generation
+        batch, with TRL's sampling metrics, exactly as TRL's vLLM branch computes them."""
+        sampling = output.get("sampling_per_token_logps")
+        if sampling is None:
+            raise ValueError(
+                "vllm_importance_sampling_correction is on but the rollout_func returned no 'logprobs'; "
+                "return the sampler's per-token log-probs or set vllm_importance_sampling_correction=False"
+            )
+        mode = "train" if self.model.training else "eval"
+        mask = output["completion_mask"]
+        if output.get("tool_mask") is not None:
+            mask = mask * output["tool_mask"]
+        old = output.get("old_per_token_logps")
+        if old is None:
+            batch_size = (
+                self.args.per_device_train_batch_size
+                if mode == "train"
+                else self.args.per_device_eval_batch_size
+            )
+            with (
+                torch.no_grad(),
+                disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
+            ):
+                old, _, _ = self._get_per_token_logps_and_entropies(
+                    self.model,
+                    torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1),
+                    torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1),
+                    output["completion_ids"].size(1),
+                    batch_size=batch_size,
+                    **{key: output.get(key) for key in _FORWARD_KEYS},
+                )
+            output["old_per_token_logps"] = old
+        ratio = losses.rollout_importance_ratio(
+            old,
+            sampling,
+            mask,
+            self.vllm_importance_sampling_mode,
+            self.vllm_importance_sampling_clip_min,
+            self.vllm_importance_sampling_clip_max,
+        )
+        output["importance_sampling_ratio"] = ratio
+
+        metrics = self._metrics[mode]
+        active = mask.bool()
+        delta = torch.abs(old - sampling)
+        delta = delta[active & ~torch.isnan(delta)]
+        zero = torch.tensor(0.0, device=old.device)
+        metrics["sampling/sampling_logp_difference/mean"].append(
+            self.accelerator.gather(delta.mean() if delta.numel() else zero).mean().item()
+        )
+        metrics["sampling/sampling_logp_difference/max"].append(
+            self.accelerator.gather(delta.max() if delta.numel() else zero).max().item()
+        )
+        flat = ratio.flatten() if ratio.shape[1] == 1 else ratio[active]
+        metrics["sampling/importance_sampling_ratio/min"].append(
+            nanmin(self.accelerator.gather(flat.min() if flat.numel() else zero)).item()
+        )
+        metrics["sampling/importance_sampling_ratio/mean"].append(
+            self.accelerator.gather(flat.mean() if flat.numel() else zero).nanmean().item()
+        )
+        metrics["sampling/importance_sampling_ratio/max"].append(
+            nanmax(self.accelerator.gather(flat.max() if flat.numel() else zero)).item()
+        )
+
+    def _require(self, inputs: Mapping[str, Any], key: str, why: str) -> Any:
+        if key not in inputs or inputs[key] is None:
+            raise MissingLossInputError(key, self.grpo_variant, why, list(inputs))
+        return inputs[key]
+
+    def _compute_loss(self, model: torch.nn.Module, inputs: Mapping[str, Any]) -> torch.Tensor:
+        variant = self.grpo_variant
+        spec = losses.VARIANT_SPECS[variant]
+        prompt_ids, prompt_mask, completion_ids, completion_mask, advantages = (
+            self._require(inputs, key, "every GRPO loss") for key in REQUIRED_INPUT_KEYS
+        )
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        logits_to_keep = completion_ids.size(1)
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+
+        # ℓ_θ with grad, through TRL's own forward (same chunking, autocast and fused LM head as TRL's loss).
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{key: inputs.get(key) for key in _FORWARD_KEYS},
+        )
+
+        entropy_mask = (
+            self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+            if self.top_entropy_quantile < 1.0
+            else None
+        )
+        advantages = losses.as_column(advantages)
+        # On-policy (no old log-probs in the batch): ℓ_old = sg(ℓ_θ), so r = 1 with the right gradient.
+        old_per_token_logps = inputs.get("old_per_token_logps")
+        if old_per_token_logps is None:
+            old_per_token_logps = per_token_logps.detach()
+
+        off_policy_mask = None
+        if self.off_policy_mask_threshold is not None:
+            off_policy_mask = losses.off_policy_sequence_mask(
+                advantages,
+                per_token_logps,
+                inputs.get("sampling_per_token_logps", old_per_token_logps),
+                mask,
+                self.off_policy_mask_threshold,
+            )
+
+        if self.vllm_importance_sampling_correction and (self.use_vllm or self.rollout_func is not None):
+            self._require(inputs, "importance_sampling_ratio", "vllm_importance_sampling_correction is on")
+        is_ratio = inputs.get("importance_sampling_ratio")
+
+        params = loss_params_from_args(self.args, self.epsilon_low, self.epsilon_high)
+        policy = losses.policy_loss(
+            variant,
+            per_token_logps,
+            old_per_token_logps,
+            advantages,
+            mask,
+            params,
+            importance_sampling_ratio=is_ratio,
+        )
+        per_token_loss = policy.per_token_loss
+
+        if self.beta != 0.0:
+            ref_per_token_logps = self._require(inputs, "ref_per_token_logps", f"beta={self.beta} (KL term)")
+            per_token_kl = losses.k3_kl(per_token_logps, ref_per_token_logps)
+            if self.args.use_bias_correction_kl:
+                per_token_kl = per_token_kl * policy.ratio
+
+        if off_policy_mask is not None:
+            per_token_loss = per_token_loss * off_policy_mask
+        if entropy_mask is not None:
+            per_token_loss = per_token_loss * entropy_mask
+        if is_ratio is not None and not spec.folds_rollout_is_ratio:
+            per_token_loss = per_token_loss * is_ratio
+        if self.beta != 0.0:
+            per_token_loss = per_token_loss + self.beta * per_token_kl
+
+        mode = "train" if self.model.training else "eval"
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        num_tokens = None
+        if spec.aggregation is losses.Aggregation.GLOBAL_TOKEN:
+            # num_items_in_batch counts the generation batch over all processes; rescale to one window here.
+            num_items = self._require(inputs, "num_items_in_batch", f"{variant} normalises by global tokens")
+            num_tokens = num_items.clamp(min=1.0) / self.accelerator.num_processes
+            if mode == "train":
+                num_tokens = (
+                    num_tokens * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+                )
+        loss = losses.aggregate(
+            per_token_loss,
+            mask if policy.aggregation_mask is None else policy.aggregation_mask,
+            spec.aggregation,
+            max_completion_length=self.max_completion_length,
+            num_tokens=num_tokens,
+        )
+        policy_loss = loss.detach()
+        if losses.scaled_by_caller(spec.aggregation):
+            loss = loss / accumulation
+
+        if self._entropy_bonus_enabled:
+            loss = self._add_entropy_bonus(loss, entropies, mask, entropy_mask, policy_loss, mode)
+
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+            self._metrics[mode]["aux_loss"].append(
+                self.accelerator.gather_for_metrics(aux_loss).mean().item()
+            )
+
+        self._log_loss_metrics(
+            mode, spec, mask, entropies, advantages, policy, per_token_kl if self.beta != 0.0 else None
+        )
+        return loss
+
+    def _add_entropy_bonus(
+        self,
+        loss: torch.Tensor,
+        entropies: torch.Tensor,
+        mask: torch.Tensor,
+        entropy_mask: torch.Tensor | None,
+        policy_loss: torch.Tensor,
+        mode: str,
+    ) -> torch.Tensor:
+        """Skywork-OR1 entropy bonus, exactly as TRL 1.16: loss − c·mean_tokens(H)/GA, with the adaptive
+        controller updating c at optimizer-step boundaries from the window-global entropy."""
+        effective_mask = mask if entropy_mask is None else mask * entropy_mask
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        entropy_loss = (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation
+        if self.use_adaptive_entropy:
+            apply_coef = self.entropy_coef if self._last_world_entropy <= self.args.entropy_target else 0.0
+        else:
+            apply_coef = self.entropy_coef
+        loss = loss - apply_coef * entropy_loss
+        self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
+        if self.use_adaptive_entropy and mode == "train":
+            stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
+            self._entropy_window_stats = (
+                stats if self._entropy_window_stats is None else self._entropy_window_stats + stats
+            )
+            if self.accelerator.sync_gradients:
+                window = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
+                world_entropy = (window[0] / window[1].clamp(min=1.0)).item()
+                if world_entropy <= self.args.entropy_target:
+                    self.entropy_coef = min(
+                        self.entropy_coef + self.args.entropy_coef_delta, self.args.entropy_coef_max
+                    )
+                else:
+                    self.entropy_coef = max(
+                        self.entropy_coef - self.args.entropy_coef_delta, self.args.entropy_coef_min
+                    )
+                self._last_world_entropy = world_entropy
+                self._entropy_window_stats = None
+        if mode == "train" and self.accelerator.sync_gradients:
+            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+        return loss
+
+    def _log_loss_metrics(
+        self,
+        mode: str,
+        spec: losses.VariantSpec,
+        mask: torch.Tensor,
+        entropies: torch.Tensor,
+        advantages: torch.Tensor,
+        policy: losses.PolicyLoss,
+        per_token_kl: torch.Tensor | None,
+    ) -> None:
+        """TRL's loss metrics under TRL's names: entropy, kl, clip ratios (PPO-style and cispo), vespo φ."""
+
+        def masked_seq_mean(x: torch.Tensor) -> torch.Tensor:
+            if x.shape[1] == 1:  # sequence-level quantity: one value per sequence already
+                return x.squeeze(1)
+            return (x * mask).sum(-1) / mask.sum(-1)
+
+        def global_masked_mean(x: torch.Tensor) -> float:
+            if x.shape[1] == 1:
+                local_sum, local_count = x.sum(), torch.tensor(float(x.shape[0]), device=x.device)
+            else:
+                local_sum, local_count = (x * mask).sum(), mask.sum().float()
+            totals = self.accelerator.reduce(torch.stack([local_sum, local_count]), reduction="sum")
+            return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+        metrics = self._metrics[mode]
+        if per_token_kl is not None:
+            metrics["kl"].append(global_masked_mean(per_token_kl))
+        metrics["entropy"].append(global_masked_mean(entropies))
+        ratio = policy.ratio
+        if spec.clip_metrics == "ppo":
+            low, high = self.epsilon_low, self.epsilon_high
+            if spec.delta_role == "half_width":  # two_sided clips symmetrically at δ
+                low = high = self.args.delta
+            is_low = (ratio < 1 - low) & (advantages < 0)
+            is_high = (ratio > 1 + high) & (advantages > 0)
+            metrics["clip_ratio/low_mean"].append(global_masked_mean(is_low.float()))
+            metrics["clip_ratio/high_mean"].append(global_masked_mean(is_high.float()))
+            metrics["clip_ratio/region_mean"].append(global_masked_mean((is_low | is_high).float()))
+            metrics["clip_ratio/low_min"].append(
+                nanmin(self.accelerator.gather(masked_seq_mean(is_low.float()))).item()
+            )
+            metrics["clip_ratio/high_max"].append(
+                nanmax(self.accelerator.gather(masked_seq_mean(is_high.float()))).item()
+            )
+        elif spec.clip_metrics == "cispo":
+            clipped = (ratio > self.epsilon_high) & (advantages > 0)
+            metrics["cispo_clip_ratio"].append(global_masked_mean(clipped.float()))
+        if policy.sequence_weights is not None:
+            metrics["vespo/phi_seq_mean"].append(global_masked_mean(policy.sequence_weights))
+        if policy.aggregation_mask is not None:
+            # rft: share of completion tokens that train (positive-advantage completions).
+            share = policy.aggregation_mask.sum() / mask.sum().clamp(min=1.0)
+            metrics["rft/positive_token_fraction"].append(
+                self.accelerator.gather(share.detach()).mean().item()
+            )
+
+
+@functools.cache
+def _variant_class(name: str, base: type) -> type:
+    cls = type(
+        f"{base.__name__}_{name}",
+        (VariantLossMixin, base),
+        {
+            "grpo_variant": name,
+            "__doc__": f"{base.__name__} training with loss variant {name!r}: {VARIANTS[name]}.",
+            "__module__": __name__,
+        },
+    )
+    return cls
+
+
+def make_variant_trainer(variant: str, base: type = GRPOTrainer) -> type:
+    """The cached `base` subclass that trains with `variant` (case-insensitive; "standard" = "dapo").
+
+    Same constructor as `base`; its `args` must agree with the variant (use `grpo_config_overrides`), else
+    `VariantConfigError` naming the GRPOConfig field.
+    """
+    if not (isinstance(base, type) and issubclass(base, GRPOTrainer)):
+        raise TypeError(f"base must be a trl.GRPOTrainer subclass, got {base!r}")
+    return _variant_class(normalize_variant(variant), base)
