@@ -1,0 +1,1 @@
+"""gRPC layer: protobuf ↔ domain conversion and the thin servicer."""

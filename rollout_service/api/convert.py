@@ -1,0 +1,142 @@
+"""Protobuf ↔ domain conversion for the rollout service (no logic beyond field mapping)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+
+from grpo.rollout.v1 import rollout_pb2
+
+from grpo_runtime.errors import InvalidArgument
+from rollout_service.core.types import (
+    CompletionResult,
+    GenerateRequest,
+    MemoryUsage,
+    PromptInput,
+    SamplingSpec,
+    SleepResult,
+    StatusInfo,
+    WakeResult,
+    WeightFormat,
+    WeightPayload,
+    WeightsApplied,
+)
+
+
+def sampling_spec(msg: rollout_pb2.SamplingParams) -> SamplingSpec:
+    """Unset optional fields take the contract's defaults."""
+    return SamplingSpec(
+        temperature=msg.temperature if msg.HasField("temperature") else 1.0,
+        top_p=msg.top_p if msg.HasField("top_p") else 1.0,
+        top_k=msg.top_k if msg.HasField("top_k") else 0,
+        min_p=msg.min_p if msg.HasField("min_p") else 0.0,
+        max_tokens=msg.max_tokens if msg.HasField("max_tokens") else 16,
+        stop=tuple(msg.stop),
+        seed=msg.seed if msg.HasField("seed") else None,
+        repetition_penalty=msg.repetition_penalty if msg.HasField("repetition_penalty") else 1.0,
+        min_tokens=msg.min_tokens if msg.HasField("min_tokens") else 0,
+    )
+
+
+def generate_request(msg: rollout_pb2.GenerateRequest) -> GenerateRequest:
+    prompts = tuple(
+        PromptInput(
+            id=p.id,
+            messages=tuple((m.role, m.content) for m in p.messages),
+            text=p.text,
+            token_ids=tuple(p.token_ids),
+        )
+        for p in msg.prompts
+    )
+    return GenerateRequest(prompts=prompts, n=msg.n, sampling=sampling_spec(msg.sampling))
+
+
+def completion(result: CompletionResult) -> rollout_pb2.Completion:
+    return rollout_pb2.Completion(
+        prompt_id=result.prompt_id,
+        prompt_token_ids=result.prompt_token_ids,
+        token_ids=result.token_ids,
+        text=result.text,
+        logprobs=result.logprobs,
+        finish_reason=int(result.finish_reason),
+        policy_version=result.policy_version,
+    )
+
+
+def generate_response(results: Iterable[CompletionResult]) -> rollout_pb2.GenerateResponse:
+    return rollout_pb2.GenerateResponse(completions=[completion(r) for r in results])
+
+
+async def weight_payload(chunks: AsyncIterator[rollout_pb2.WeightChunk]) -> WeightPayload:
+    """Header from the first chunk; the payload is the concatenation of every chunk's data."""
+    header: rollout_pb2.WeightChunk | None = None
+    parts: list[bytes] = []
+    async for chunk in chunks:
+        if header is None:
+            header = chunk
+        parts.append(chunk.data)
+    if header is None:
+        raise InvalidArgument("the stream carried no chunk", field="chunks")
+    return WeightPayload(
+        version=header.version,
+        format=WeightFormat(header.format),
+        data=b"".join(parts),
+        sha256=header.sha256,
+        total_bytes=header.total_bytes,
+        adapter_config_json=header.adapter_config_json,
+    )
+
+
+def update_weights_response(applied: WeightsApplied) -> rollout_pb2.UpdateWeightsResponse:
+    return rollout_pb2.UpdateWeightsResponse(
+        policy_version=applied.policy_version,
+        bytes_received=applied.bytes_received,
+        tensors_loaded=applied.tensors_loaded,
+        apply_seconds=applied.apply_seconds,
+    )
+
+
+def load_weights_response(applied: WeightsApplied) -> rollout_pb2.LoadWeightsResponse:
+    return rollout_pb2.LoadWeightsResponse(
+        policy_version=applied.policy_version,
+        tensors_loaded=applied.tensors_loaded,
+        apply_seconds=applied.apply_seconds,
+    )
+
+
+def memory_usage(mem: MemoryUsage) -> rollout_pb2.MemoryUsage:
+    return rollout_pb2.MemoryUsage(
+        rss_bytes=mem.rss_bytes,
+        cuda_allocated_bytes=mem.cuda_allocated_bytes,
+        cuda_reserved_bytes=mem.cuda_reserved_bytes,
+    )
+
+
+def sleep_response(result: SleepResult) -> rollout_pb2.SleepResponse:
+    return rollout_pb2.SleepResponse(
+        level=result.level,
+        memory_before=memory_usage(result.memory_before),
+        memory_after=memory_usage(result.memory_after),
+    )
+
+
+def wake_up_response(result: WakeResult) -> rollout_pb2.WakeUpResponse:
+    return rollout_pb2.WakeUpResponse(
+        weights_valid=result.weights_valid,
+        memory=memory_usage(result.memory),
+        wake_seconds=result.wake_seconds,
+    )
+
+
+def status_response(status: StatusInfo) -> rollout_pb2.GetStatusResponse:
+    return rollout_pb2.GetStatusResponse(
+        engine=status.engine,
+        device=status.device,
+        model=status.model,
+        policy_version=status.policy_version,
+        sleep_level=status.sleep_level,
+        sleeping_tags=list(status.sleeping_tags),
+        weights_valid=status.weights_valid,
+        memory=memory_usage(status.memory),
+        max_model_len=status.max_model_len,
+        weight_format=int(status.weight_format),
+    )

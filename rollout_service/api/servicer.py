@@ -1,0 +1,39 @@
+"""The RolloutService servicer: protobuf in, one RolloutCore call, protobuf out.
+
+Errors are domain exceptions (grpo_runtime.errors) mapped to status codes by the runtime's
+interceptor; a cancelled call or exceeded deadline cancels the handler task, which the core's
+scheduler turns into a stop of the engine at its next decode step.
+"""
+
+from __future__ import annotations
+
+from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+
+from rollout_service.api import convert
+from rollout_service.core.rollout import RolloutCore
+from rollout_service.core.types import WeightFormat
+
+
+class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
+    def __init__(self, core: RolloutCore) -> None:
+        self._core = core
+
+    async def Generate(self, request, context) -> rollout_pb2.GenerateResponse:
+        return convert.generate_response(await self._core.generate(convert.generate_request(request)))
+
+    async def UpdateWeights(self, request_iterator, context) -> rollout_pb2.UpdateWeightsResponse:
+        payload = await convert.weight_payload(request_iterator)
+        return convert.update_weights_response(await self._core.update_weights(payload))
+
+    async def LoadWeights(self, request, context) -> rollout_pb2.LoadWeightsResponse:
+        applied = await self._core.load_weights(request.path, request.version, WeightFormat(request.format))
+        return convert.load_weights_response(applied)
+
+    async def Sleep(self, request, context) -> rollout_pb2.SleepResponse:
+        return convert.sleep_response(await self._core.sleep(request.level))
+
+    async def WakeUp(self, request, context) -> rollout_pb2.WakeUpResponse:
+        return convert.wake_up_response(await self._core.wake_up(list(request.tags)))
+
+    async def GetStatus(self, request, context) -> rollout_pb2.GetStatusResponse:
+        return convert.status_response(self._core.status())

@@ -1,0 +1,301 @@
+"""Synchronous client of the rollout service, used by the trainer (TRL's ``rollout_func`` is sync).
+
+    from rollout_service.client import RolloutClient
+
+    with RolloutClient("127.0.0.1:50052", admin_token=None) as rollout:
+        rollout.wait_ready(timeout_s=60)
+        results = rollout.generate(
+            ["plain text prompt", [{"role": "user", "content": "What is 2 + 2?"}], [1, 405, 202]],
+            n=8,
+            sampling={"temperature": 1.0, "max_tokens": 64, "top_p": 1.0, "seed": 0},
+        )
+        # len(results) == 3 * 8, prompt-major: results[i * 8 + j] is sample j of prompt i.
+        r = results[0]
+        r.prompt_id, r.prompt_token_ids, r.token_ids, r.text, r.logprobs, r.finish_reason, r.policy_version
+
+        rollout.push_lora("out/adapter", version=1)          # a PEFT save_pretrained directory, or
+        rollout.push_lora(lora_state_dict, version=2, adapter_config=peft_config.to_dict())
+        rollout.push_state_dict(model.state_dict(), version=3)  # full or partial
+        rollout.load_weights("/shared/ckpt-4", version=4)       # a directory the server can read
+        rollout.sleep(level=1); rollout.wake_up(); rollout.status()
+
+Prompts: a ``str`` is plain text, a list of ``{"role", "content"}`` dicts is a chat (the server
+applies the chat template with the generation prompt), a list of ints is token ids.
+``sampling`` keys are the fields of ``SamplingParams``: temperature, top_p, top_k, min_p,
+max_tokens, stop, seed, repetition_penalty, min_tokens.
+``logprobs[i]`` = log_softmax(logits / T)[token_ids[i]], what TRL recomputes.
+
+Errors are ``grpc.RpcError`` with the service's status: INVALID_ARGUMENT (details name the
+field), FAILED_PRECONDITION (asleep, or weights discarded by a level-2 sleep), UNAUTHENTICATED
+(admin RPCs without the token), DEADLINE_EXCEEDED / CANCELLED.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+from grpo.common.v1 import common_pb2
+from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+
+from grpo_runtime.client import ChannelConfig, create_sync_channel
+from rollout_service.core.types import (
+    CompletionResult,
+    FinishReason,
+    MemoryUsage,
+    SleepResult,
+    StatusInfo,
+    WakeResult,
+    WeightFormat,
+    WeightsApplied,
+)
+from rollout_service.weights import adapter_dir_payload, sha256_hex, state_dict_bytes
+
+CHUNK_BYTES = 16 * 1024 * 1024  # fewer, larger messages; well under the default 64 MiB limit
+SAMPLING_FIELDS = frozenset(rollout_pb2.SamplingParams.DESCRIPTOR.fields_by_name)
+Prompt = str | Sequence[Mapping[str, str]] | Sequence[int]
+
+__all__ = ["CompletionResult", "FinishReason", "RolloutClient", "StatusInfo", "WeightsApplied"]
+
+
+class RolloutClient:
+    """Blocking client of ``grpo.rollout.v1.RolloutService``.
+
+    ``target``: "host:port" or a :class:`ChannelConfig` (TLS, retries, message limits).
+    ``admin_token``: bearer token for the admin RPCs (weights, sleep, wake) when the server
+    requires one. ``timeout_s``: default deadline per call (None = none).
+    """
+
+    def __init__(
+        self,
+        target: str | ChannelConfig,
+        *,
+        admin_token: str | None = None,
+        timeout_s: float | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> None:
+        cfg = target if isinstance(target, ChannelConfig) else ChannelConfig(target=target)
+        if admin_token is not None:
+            cfg = ChannelConfig.model_validate({**cfg.model_dump(), "admin_token": admin_token})
+        self.target = cfg.target
+        self._channel = create_sync_channel(cfg)
+        self._stub = rollout_pb2_grpc.RolloutServiceStub(self._channel)
+        self._timeout_s = timeout_s
+        self._chunk_bytes = chunk_bytes
+
+    # ------------------------------------------------------------- lifecycle
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Block until the channel connects (raises grpc.FutureTimeoutError after ``timeout_s``)."""
+        grpc.channel_ready_future(self._channel).result(timeout=timeout_s)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> RolloutClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -------------------------------------------------------------- generate
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        n: int = 1,
+        sampling: Mapping[str, Any] | None = None,
+        *,
+        prompt_ids: Sequence[str] | None = None,
+        timeout_s: float | None = None,
+    ) -> list[CompletionResult]:
+        """``n`` completions per prompt, prompt-major (``len(prompts) * n`` results).
+
+        ``prompt_ids`` (optional) are echoed in ``CompletionResult.prompt_id``; default "0", "1", ...
+        """
+        request = rollout_pb2.GenerateRequest(
+            prompts=[_prompt(p, prompt_ids[i] if prompt_ids else str(i)) for i, p in enumerate(prompts)],
+            n=n,
+            sampling=_sampling(sampling or {}),
+        )
+        response = self._stub.Generate(request, timeout=timeout_s or self._timeout_s)
+        return [_completion(c) for c in response.completions]
+
+    # --------------------------------------------------------------- weights
+    def push_weights(
+        self,
+        payload: bytes,
+        version: int,
+        format: WeightFormat | str,
+        adapter_config: Mapping[str, Any] | str | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> WeightsApplied:
+        """Stream one safetensors payload in chunks (header on the first chunk, SHA-256 included).
+
+        ``format``: WeightFormat or "lora" / "state_dict"; ``adapter_config`` is required for LoRA
+        (a dict or the adapter_config.json text).
+        """
+        fmt = _weight_format(format)
+        config_json = (
+            json.dumps(adapter_config) if isinstance(adapter_config, Mapping) else adapter_config or ""
+        )
+        header = {
+            "version": version,
+            "format": int(fmt),
+            "adapter_config_json": config_json,
+            "total_bytes": len(payload),
+            "sha256": sha256_hex(payload),
+        }
+        response = self._stub.UpdateWeights(
+            self._chunks(payload, header), timeout=timeout_s or self._timeout_s
+        )
+        return WeightsApplied(
+            response.policy_version, response.tensors_loaded, response.apply_seconds, response.bytes_received
+        )
+
+    def push_lora(
+        self,
+        adapter: str | Path | Mapping[str, torch.Tensor],
+        adapter_config: Mapping[str, Any] | str | None = None,
+        version: int | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> WeightsApplied:
+        """Push a LoRA adapter: a PEFT ``save_pretrained`` directory (``adapter_config`` then
+        optional), or its tensors (PEFT names, e.g. from ``peft.get_peft_model_state_dict``) with
+        ``adapter_config`` (a dict such as ``peft_config.to_dict()``, or JSON text).
+        ``version`` is required and must exceed the serving version."""
+        if version is None:
+            raise ValueError("version is required")
+        if isinstance(adapter, str | Path):
+            payload, config_json = adapter_dir_payload(adapter)
+            return self.push_weights(
+                payload,
+                version,
+                WeightFormat.LORA_ADAPTER,
+                adapter_config or config_json,
+                timeout_s=timeout_s,
+            )
+        if adapter_config is None:
+            raise ValueError("adapter_config is required when pushing LoRA tensors")
+        payload = state_dict_bytes(dict(adapter))
+        return self.push_weights(
+            payload, version, WeightFormat.LORA_ADAPTER, _jsonable(adapter_config), timeout_s=timeout_s
+        )
+
+    def push_state_dict(
+        self, state_dict: Mapping[str, torch.Tensor], version: int, *, timeout_s: float | None = None
+    ) -> WeightsApplied:
+        """Push a full or partial state dict (names as in the base model's ``state_dict()``)."""
+        payload = state_dict_bytes(dict(state_dict))
+        return self.push_weights(payload, version, WeightFormat.STATE_DICT, timeout_s=timeout_s)
+
+    def load_weights(
+        self,
+        path: str | Path,
+        version: int,
+        format: WeightFormat | str | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> WeightsApplied:
+        """Load weights from a directory the server can read (format detected when None)."""
+        fmt = WeightFormat.UNSPECIFIED if format is None else _weight_format(format)
+        response = self._stub.LoadWeights(
+            rollout_pb2.LoadWeightsRequest(path=str(path), version=version, format=int(fmt)),
+            timeout=timeout_s or self._timeout_s,
+        )
+        return WeightsApplied(response.policy_version, response.tensors_loaded, response.apply_seconds)
+
+    # ---------------------------------------------------------- sleep/status
+    def sleep(self, level: int = 1, *, timeout_s: float | None = None) -> SleepResult:
+        r = self._stub.Sleep(rollout_pb2.SleepRequest(level=level), timeout=timeout_s or self._timeout_s)
+        return SleepResult(r.level, _memory(r.memory_before), _memory(r.memory_after))
+
+    def wake_up(self, tags: Sequence[str] = (), *, timeout_s: float | None = None) -> WakeResult:
+        """Wake ``tags`` ("weights", "kv_cache"); empty = everything."""
+        r = self._stub.WakeUp(
+            rollout_pb2.WakeUpRequest(tags=list(tags)), timeout=timeout_s or self._timeout_s
+        )
+        return WakeResult(r.weights_valid, _memory(r.memory), r.wake_seconds)
+
+    def status(self, *, timeout_s: float | None = None) -> StatusInfo:
+        r = self._stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=timeout_s or self._timeout_s)
+        return StatusInfo(
+            engine=r.engine,
+            device=r.device,
+            model=r.model,
+            policy_version=r.policy_version,
+            sleep_level=r.sleep_level,
+            sleeping_tags=tuple(r.sleeping_tags),
+            weights_valid=r.weights_valid,
+            memory=_memory(r.memory),
+            max_model_len=r.max_model_len,
+            weight_format=WeightFormat(r.weight_format),
+        )
+
+    def _chunks(self, payload: bytes, header: dict[str, Any]) -> Iterator[rollout_pb2.WeightChunk]:
+        view = memoryview(payload)
+        step = self._chunk_bytes
+        yield rollout_pb2.WeightChunk(data=bytes(view[:step]), **header)
+        for start in range(step, len(payload), step):
+            yield rollout_pb2.WeightChunk(data=bytes(view[start : start + step]))
+
+
+def _prompt(prompt: Prompt, prompt_id: str) -> rollout_pb2.Prompt:
+    if isinstance(prompt, str):
+        return rollout_pb2.Prompt(id=prompt_id, text=prompt)
+    items = list(prompt)
+    if items and all(isinstance(x, int) for x in items):
+        return rollout_pb2.Prompt(id=prompt_id, token_ids=items)
+    messages = [common_pb2.ChatMessage(role=m["role"], content=m.get("content") or "") for m in items]
+    return rollout_pb2.Prompt(id=prompt_id, messages=messages)
+
+
+def _sampling(sampling: Mapping[str, Any]) -> rollout_pb2.SamplingParams:
+    unknown = set(sampling) - SAMPLING_FIELDS
+    if unknown:
+        raise ValueError(f"unknown sampling keys {sorted(unknown)}; known: {sorted(SAMPLING_FIELDS)}")
+    values = {k: v for k, v in sampling.items() if v is not None}
+    if "stop" in values and isinstance(values["stop"], str):
+        values["stop"] = [values["stop"]]
+    return rollout_pb2.SamplingParams(**values)
+
+
+def _completion(c: rollout_pb2.Completion) -> CompletionResult:
+    return CompletionResult(
+        prompt_id=c.prompt_id,
+        prompt_token_ids=list(c.prompt_token_ids),
+        token_ids=list(c.token_ids),
+        text=c.text,
+        logprobs=list(c.logprobs),
+        finish_reason=FinishReason(c.finish_reason),
+        policy_version=c.policy_version,
+    )
+
+
+def _memory(m: rollout_pb2.MemoryUsage) -> MemoryUsage:
+    return MemoryUsage(m.rss_bytes, m.cuda_allocated_bytes, m.cuda_reserved_bytes)
+
+
+def _weight_format(fmt: WeightFormat | str) -> WeightFormat:
+    if isinstance(fmt, WeightFormat):
+        return fmt
+    names = {
+        "lora": WeightFormat.LORA_ADAPTER,
+        "lora_adapter": WeightFormat.LORA_ADAPTER,
+        "state_dict": WeightFormat.STATE_DICT,
+    }
+    try:
+        return names[fmt.lower()]
+    except KeyError:
+        raise ValueError(f"unknown weight format {fmt!r}; use 'lora' or 'state_dict'") from None
+
+
+def _jsonable(config: Mapping[str, Any] | str) -> str:
+    """adapter_config as JSON text; sets (PEFT's target_modules) become sorted lists."""
+    if isinstance(config, str):
+        return config
+    return json.dumps(dict(config), default=lambda v: sorted(v) if isinstance(v, set) else str(v))

@@ -1,0 +1,1 @@
+"""Engine-independent logic of the rollout service (plain Python, testable without gRPC)."""

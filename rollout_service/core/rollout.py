@@ -1,0 +1,162 @@
+"""The rollout data plane: every RPC's logic, one method each, engine-independent.
+
+``RolloutCore`` validates requests, batches generation through the scheduler under the shared
+side of the weights lock, and runs weight updates and sleep/wake under its exclusive side, so a
+completion never mixes weight versions and carries the version that produced it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from transformers import PreTrainedTokenizerBase
+
+from rollout_service.core import memory
+from rollout_service.core.scheduler import BatchScheduler
+from rollout_service.core.sleep import SleepState
+from rollout_service.core.types import (
+    CompletionResult,
+    GenerateRequest,
+    GenerationJob,
+    SleepResult,
+    StatusInfo,
+    WakeResult,
+    WeightFormat,
+    WeightPayload,
+    WeightsApplied,
+)
+from rollout_service.core.validation import RequestValidator
+from rollout_service.core.versioning import ReadWriteLock, VersionState
+from rollout_service.engines.base import Engine
+from rollout_service.weights import ParamCatalog, ValidatedUpdate, read_directory, validate_payload
+
+
+class RolloutCore:
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: PreTrainedTokenizerBase,
+        catalog: ParamCatalog,
+        *,
+        max_prompts: int = 4096,
+        batch_window_s: float = 0.005,
+        max_batch_rows: int = 256,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.catalog = catalog
+        vocab = catalog.shapes.get("model.embed_tokens.weight", (len(tokenizer),))[0]
+        self.validator = RequestValidator(tokenizer, engine.max_model_len, vocab, max_prompts)
+        self.versions = VersionState()
+        self.sleep_state = SleepState()
+        self._lock = ReadWriteLock()
+        self._scheduler = BatchScheduler(self._run_batch, window_s=batch_window_s, max_rows=max_batch_rows)
+
+    async def start(self) -> None:
+        self._scheduler.start()
+
+    async def close(self) -> None:
+        await self._scheduler.close()
+        await asyncio.to_thread(self.engine.close)
+
+    # --------------------------------------------------------------- generate
+    async def generate(self, request: GenerateRequest) -> list[CompletionResult]:
+        """Sample ``n`` completions per prompt, prompt-major."""
+        job = self.validator.to_job(request)
+        self.sleep_state.check_generate()
+        await self._scheduler.submit(job)
+        version = job.policy_version
+        out = []
+        for k, raw in enumerate(job.results):
+            prompt_index = k // job.n
+            text = raw.text
+            if text is None:
+                text = self.tokenizer.decode(raw.token_ids, skip_special_tokens=True)
+            out.append(
+                CompletionResult(
+                    prompt_id=request.prompts[prompt_index].id,
+                    prompt_token_ids=job.prompt_token_ids[prompt_index],
+                    token_ids=raw.token_ids,
+                    text=text,
+                    logprobs=raw.logprobs,
+                    finish_reason=raw.finish_reason,
+                    policy_version=version,
+                )
+            )
+        return out
+
+    async def _run_batch(self, jobs: list[GenerationJob]) -> None:
+        async with self._lock.read():
+            # Re-checked here: a Sleep may have run while the jobs waited in the queue.
+            self.sleep_state.check_generate()
+            version = self.versions.policy_version
+            await asyncio.to_thread(self.engine.generate, jobs)
+            for job in jobs:
+                job.policy_version = version
+
+    # ---------------------------------------------------------------- weights
+    async def update_weights(self, payload: WeightPayload) -> WeightsApplied:
+        """Validate a streamed payload fully, then apply it between batches (all-or-nothing)."""
+        self.versions.check_next(payload.version)
+        self.sleep_state.check_weight_update()
+        update = await asyncio.to_thread(validate_payload, payload, self.catalog)
+        applied = await self._apply(update)
+        return WeightsApplied(
+            applied.policy_version, applied.tensors_loaded, applied.apply_seconds, len(payload.data)
+        )
+
+    async def load_weights(self, path: str, version: int, fmt: WeightFormat) -> WeightsApplied:
+        """Read and validate weights from a directory, then apply them like an update."""
+        self.versions.check_next(version)
+        self.sleep_state.check_weight_update()
+        update = await asyncio.to_thread(read_directory, path, version, fmt, self.catalog)
+        return await self._apply(update)
+
+    async def _apply(self, update: ValidatedUpdate) -> WeightsApplied:
+        start = time.perf_counter()
+        async with self._lock.write():
+            # Checked again under the lock: a concurrent update or sleep may have won the race.
+            self.versions.check_next(update.version)
+            self.sleep_state.check_weight_update()
+            await asyncio.to_thread(self.engine.apply_update, update)
+            self.versions.advance(update.version, update.format)
+            self.sleep_state.weights_loaded()
+        return WeightsApplied(update.version, update.num_tensors, time.perf_counter() - start, update.nbytes)
+
+    # ------------------------------------------------------------------ sleep
+    async def sleep(self, level: int) -> SleepResult:
+        """Free memory for a colocated trainer; waits for the batches in flight."""
+        before = await asyncio.to_thread(memory.measure)
+        async with self._lock.write():
+            if self.sleep_state.check_sleep(level):
+                await asyncio.to_thread(self.engine.sleep, level)
+                self.sleep_state.enter(level)
+        after = await asyncio.to_thread(memory.measure)
+        return SleepResult(level, before, after)
+
+    async def wake_up(self, tags: list[str]) -> WakeResult:
+        wanted = SleepState.parse_tags(tags)
+        start = time.perf_counter()
+        async with self._lock.write():
+            to_wake = wanted & self.sleep_state.sleeping_tags
+            if to_wake:
+                await asyncio.to_thread(self.engine.wake_up, to_wake)
+                self.sleep_state.wake(to_wake)
+        elapsed = time.perf_counter() - start
+        return WakeResult(self.sleep_state.weights_valid, await asyncio.to_thread(memory.measure), elapsed)
+
+    # ----------------------------------------------------------------- status
+    def status(self) -> StatusInfo:
+        return StatusInfo(
+            engine=self.engine.name,
+            device=self.engine.device,
+            model=self.engine.model_dir,
+            policy_version=self.versions.policy_version,
+            sleep_level=self.sleep_state.level,
+            sleeping_tags=tuple(sorted(self.sleep_state.sleeping_tags)),
+            weights_valid=self.sleep_state.weights_valid,
+            memory=memory.measure(),
+            max_model_len=self.engine.max_model_len,
+            weight_format=self.versions.weight_format,
+        )

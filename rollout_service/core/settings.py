@@ -1,0 +1,51 @@
+"""Service settings (the YAML of ``--config`` minus its ``server:`` block), validated by pydantic."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class VllmSettings(BaseModel):
+    """Options passed to ``vllm.LLM``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)  # CUDA only: share of GPU memory vLLM may take
+    max_lora_rank: int = Field(64, ge=1)
+    max_loras: int = Field(2, ge=1)
+    cpu_kvcache_space_gib: int = Field(1, ge=1)  # CPU only: VLLM_CPU_KVCACHE_SPACE (whole GiB)
+    enable_prefix_caching: bool = False
+    enable_sleep_mode: bool = True  # CUDA only; vLLM refuses sleep mode on CPU
+
+
+class RolloutSettings(BaseModel):
+    """Engine and batching settings of the rollout service."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None  # model directory; --model overrides it
+    engine: Literal["auto", "hf", "vllm"] = "auto"  # auto: vllm when it can run, else hf
+    device: str = "auto"  # auto: cuda:0 when CUDA is available, else cpu
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = (
+        "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    )
+    max_batch_size: int = Field(256, ge=1)  # sequences per forward pass (hf) / max_num_seqs (vllm)
+    max_model_len: int | None = Field(None, ge=2)  # default: the model's max_position_embeddings
+    max_prompts: int = Field(4096, ge=1)  # prompts per Generate call
+    batch_window_ms: float = Field(5.0, ge=0)  # how long the batcher waits for concurrent calls
+    seed: int = 0
+    work_dir: str | None = None  # adapters and weight snapshots for vLLM; default: a temp dir
+    vllm: VllmSettings = Field(default_factory=VllmSettings)
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+    def resolved_dtype(self) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "float32" if self.resolved_device() == "cpu" else "bfloat16"

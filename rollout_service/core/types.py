@@ -1,0 +1,192 @@
+"""Domain objects of the rollout service, shared by the api, core and engine layers."""
+
+from __future__ import annotations
+
+import enum
+import threading
+from dataclasses import dataclass, field
+
+
+class FinishReason(enum.IntEnum):
+    """Why a completion ended (values equal the protobuf enum's)."""
+
+    UNSPECIFIED = 0
+    STOP = 1  # EOS token or a stop string
+    LENGTH = 2  # max_tokens reached
+    ABORT = 3  # stopped by the service
+
+
+class WeightFormat(enum.IntEnum):
+    """Payload kind of a weight update (values equal the protobuf enum's)."""
+
+    UNSPECIFIED = 0
+    LORA_ADAPTER = 1
+    STATE_DICT = 2
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """Validated sampling parameters of one Generate call.
+
+    ``temperature`` 0 means greedy; ``top_k`` 0 and ``top_p`` 1 and ``min_p`` 0 mean off;
+    ``seed`` None means nondeterministic.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_tokens: int = 16
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    """One prompt in any of its three forms (exactly one must be set; checked by validation)."""
+
+    id: str = ""
+    messages: tuple[tuple[str, str], ...] = ()  # (role, content) pairs
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """A Generate call as the api layer hands it to the core (not yet validated)."""
+
+    prompts: tuple[PromptInput, ...]
+    n: int
+    sampling: SamplingSpec
+
+
+@dataclass
+class CompletionResult:
+    """One generated completion.
+
+    ``logprobs[i]`` = log p(token_ids[i]) under log_softmax(logits / T) (untempered when T = 0),
+    the quantity TRL recomputes in the trainer; same length as ``token_ids``.
+    """
+
+    prompt_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    logprobs: list[float]
+    finish_reason: FinishReason
+    policy_version: int
+
+
+@dataclass
+class RawCompletion:
+    """What an engine returns for one sampled sequence (text and version are added by the core)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    text: str | None = None  # set by engines that decode and cut stop strings themselves
+
+
+class CancelToken:
+    """Set when the caller of a generation went away (cancelled call, exceeded deadline).
+
+    Engines poll ``cancelled`` between decode steps (a thread-safe flag, since engines run
+    in worker threads while the event loop sets it).
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+
+@dataclass
+class GenerationJob:
+    """One validated Generate call queued for the engine: tokenized prompts × ``n``.
+
+    ``results`` is filled by the engine prompt-major: ``results[i * n + j]`` is sample j of
+    prompt i.
+    """
+
+    prompt_token_ids: list[list[int]]
+    n: int
+    sampling: SamplingSpec
+    cancel: CancelToken = field(default_factory=CancelToken)
+    results: list[RawCompletion] = field(default_factory=list)
+    policy_version: int = 0  # set by the core: the version that served the batch
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.prompt_token_ids) * self.n
+
+
+@dataclass(frozen=True)
+class WeightPayload:
+    """A weight update as received: the safetensors bytes and the header of the stream.
+
+    ``sha256`` and ``total_bytes`` are the sender's declarations, checked before parsing
+    (empty / 0 = not declared for ``total_bytes``; the checksum is required).
+    """
+
+    version: int
+    format: WeightFormat
+    data: bytes
+    sha256: str = ""
+    total_bytes: int = 0
+    adapter_config_json: str = ""
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    """Memory in bytes: RSS of the service process and its engine child processes, CUDA counters."""
+
+    rss_bytes: int
+    cuda_allocated_bytes: int = 0
+    cuda_reserved_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class StatusInfo:
+    """What GetStatus reports."""
+
+    engine: str
+    device: str
+    model: str
+    policy_version: int
+    sleep_level: int
+    sleeping_tags: tuple[str, ...]
+    weights_valid: bool
+    memory: MemoryUsage
+    max_model_len: int
+    weight_format: WeightFormat
+
+
+@dataclass(frozen=True)
+class WeightsApplied:
+    """Result of a weight update or load."""
+
+    policy_version: int
+    tensors_loaded: int
+    apply_seconds: float
+    bytes_received: int = 0
+
+
+@dataclass(frozen=True)
+class SleepResult:
+    level: int
+    memory_before: MemoryUsage
+    memory_after: MemoryUsage
+
+
+@dataclass(frozen=True)
+class WakeResult:
+    weights_valid: bool
+    memory: MemoryUsage
+    wake_seconds: float

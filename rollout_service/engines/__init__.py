@@ -1,0 +1,1 @@
+"""Generation engines behind one interface (``base.Engine``), chosen by name (``registry``)."""

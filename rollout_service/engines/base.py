@@ -1,0 +1,61 @@
+"""The interface every generation engine implements.
+
+Engines are synchronous and called from worker threads by the core, one call at a time for
+weights/sleep (under the core's exclusive lock) and one ``generate`` batch at a time.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from transformers import PreTrainedTokenizerBase
+
+from rollout_service.core.types import GenerationJob
+from rollout_service.weights import ValidatedUpdate
+
+
+def derive_seed(seed: int, prompt_index: int, sample_index: int = 0) -> int:
+    """Seed of one prompt's (or one sequence's) sampling, derived from the request seed by
+    splitmix-style mixing, so prompts of one request do not share a random stream."""
+    x = seed * 0x9E3779B97F4A7C15 + prompt_index * 0xBF58476D1CE4E5B9 + sample_index * 0x94D049BB133111EB
+    x &= (1 << 64) - 1
+    x ^= x >> 31
+    return x & ((1 << 63) - 1)
+
+
+class Engine(ABC):
+    """A loaded policy that samples completions and takes new weights.
+
+    Attributes set by implementations: ``name`` ("hf" / "vllm"), ``device`` ("cpu", "cuda:0"),
+    ``model_dir``, ``max_model_len`` (prompt + completion tokens), ``tokenizer`` (the model's).
+    """
+
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+    device: str
+    model_dir: str
+    max_model_len: int
+
+    @abstractmethod
+    def generate(self, jobs: list[GenerationJob]) -> None:
+        """Sample every job's completions in one batch, filling ``job.results`` prompt-major.
+
+        A job whose ``cancel`` token is set stops between decode steps; its results are then
+        incomplete and ignored by the caller.
+        """
+
+    @abstractmethod
+    def apply_update(self, update: ValidatedUpdate) -> None:
+        """Make a validated update the serving weights (LoRA replaces the previous adapter;
+        a state dict overwrites the named parameters and drops any adapter)."""
+
+    @abstractmethod
+    def sleep(self, level: int) -> None:
+        """Level 1: offload weights to host memory, free caches. Level 2: discard weights too."""
+
+    @abstractmethod
+    def wake_up(self, tags: set[str]) -> None:
+        """Restore what sleep freed for ``tags`` ⊆ {"weights", "kv_cache"}."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most engines need nothing
+        """Release the engine's resources at shutdown."""

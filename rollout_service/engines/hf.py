@@ -1,0 +1,295 @@
+"""HF transformers engine: a manual decode loop with a KV cache, so sampling and logprobs are
+exactly under our control (see ``engines.sampling``).
+
+Batching: all rows of all jobs handed to one ``generate`` call run together, ``max_batch_size``
+rows per forward pass, prompts left-padded. Finished rows are dropped from the batch (and its
+KV cache) once a quarter of it has finished, so long-tail rows do not pay for short ones.
+
+Weights: a LoRA adapter is merged into the live weights, W = W0 + s·B·A, keeping a copy of W0
+for the modules it touches so the next adapter (or a state dict) starts from the base again.
+
+Sleep on CUDA: level 1 moves the model to host memory; level 2 frees it. On CPU the weights
+already live in host memory, so level 1 only frees caches and level 2 frees the weights. Waking
+from level 2 reloads the checkpoint from disk plus the base built by earlier state-dict updates
+(saved to a temp file at sleep); the adapter is gone, and the service refuses to generate until
+weights are pushed or loaded again (the contract every engine follows).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from rollout_service.core.memory import release_freed_memory
+from rollout_service.core.types import FinishReason, GenerationJob, RawCompletion, SamplingSpec
+from rollout_service.engines.base import Engine, derive_seed
+from rollout_service.engines.sampling import RowParams, sample_rows, sampling_logits, tempered_logprobs
+from rollout_service.weights import LoraAdapter, ValidatedUpdate
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Compact the batch (drop finished rows from the KV cache) when this share of rows is done.
+COMPACT_FRACTION = 0.25
+
+
+@dataclass
+class _Row:
+    """One sequence being sampled."""
+
+    job: GenerationJob
+    prompt: list[int]
+    generator: torch.Generator
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: FinishReason | None = None
+    text: str | None = None
+
+
+class HFEngine(Engine):
+    name = "hf"
+
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_batch_size: int = 256,
+        max_model_len: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.model_dir = str(model_dir)
+        self.device = device
+        self._dtype = DTYPES[dtype]
+        self.max_batch_size = max_batch_size
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self._model = self._load()
+        config = self._model.config
+        self.max_model_len = int(max_model_len or config.max_position_embeddings)
+        self._eos_ids = self._eos_token_ids()
+        self._pad_id = (
+            self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self._eos_ids[0]
+        )
+        self._base: dict[str, torch.Tensor] = {}  # W0 of parameters the active LoRA modified
+        self._state_pushed = False  # a state dict changed the base since the checkpoint
+        self._snapshot = Path(tempfile.gettempdir()) / f"rollout-hf-{os.getpid()}-{id(self)}.safetensors"
+        self._seed_source = random.Random(seed)
+        self._seed_lock = threading.Lock()
+
+    # ----------------------------------------------------------------- loading
+    def _load(self) -> torch.nn.Module:
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self._dtype)
+        return model.to(self.device).eval()
+
+    def _eos_token_ids(self) -> list[int]:
+        ids = self._model.generation_config.eos_token_id
+        ids = [ids] if isinstance(ids, int) else list(ids or [])
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ids:
+            ids.append(self.tokenizer.eos_token_id)
+        return ids
+
+    @property
+    def model(self) -> torch.nn.Module:
+        if self._model is None:
+            raise RuntimeError("the HF engine's weights were released by a level-2 sleep")
+        return self._model
+
+    # --------------------------------------------------------------- generate
+    def generate(self, jobs: list[GenerationJob]) -> None:
+        rows: list[_Row] = []
+        for job in jobs:
+            for i, prompt in enumerate(job.prompt_token_ids):
+                for j in range(job.n):
+                    rows.append(_Row(job, prompt, self._generator(job.sampling, i, j)))
+        for start in range(0, len(rows), self.max_batch_size):
+            self._decode(rows[start : start + self.max_batch_size])
+        by_job: dict[int, list[RawCompletion]] = {id(job): [] for job in jobs}
+        for row in rows:
+            by_job[id(row.job)].append(
+                RawCompletion(row.tokens, row.logprobs, row.finish or FinishReason.ABORT, row.text)
+            )
+        for job in jobs:
+            job.results = by_job[id(job)]
+
+    def _generator(self, sampling: SamplingSpec, prompt_index: int, sample_index: int) -> torch.Generator:
+        if sampling.seed is None:
+            with self._seed_lock:
+                seed = self._seed_source.getrandbits(63)
+        else:
+            seed = derive_seed(sampling.seed, prompt_index, sample_index)
+        return torch.Generator().manual_seed(seed)
+
+    @torch.inference_mode()
+    def _decode(self, rows: list[_Row]) -> None:
+        """Prefill the left-padded prompts, then sample token by token until every row finished."""
+        model = self.model
+        width = max(len(r.prompt) for r in rows)
+        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, row in enumerate(rows):
+            input_ids[b, width - len(row.prompt) :] = torch.tensor(row.prompt)
+            attention[b, width - len(row.prompt) :] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        params = _row_params([r.job.sampling for r in rows])
+        vocab = model.config.vocab_size
+        seen = None
+        if params.any_penalty:
+            counts = torch.zeros((len(rows), vocab), dtype=torch.long).scatter_add_(1, input_ids, attention)
+            seen = counts > 0
+        cache = DynamicCache(config=model.config)
+        dev = self.device
+        out = model(
+            input_ids=input_ids.to(dev),
+            attention_mask=attention.to(dev),
+            position_ids=positions.to(dev),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        active = list(range(len(rows)))  # batch row b ↔ rows[active[b]]
+        step = 0
+        while True:
+            logits = out.logits[:, -1, :].float().cpu()
+            z = sampling_logits(logits, params, seen, step, self._eos_ids)
+            generators = [rows[i].generator for i in active]
+            tokens = sample_rows(z, params, generators)
+            logprobs = tempered_logprobs(logits, params.temperature).gather(-1, tokens[:, None])[:, 0]
+            step += 1
+            for b, i in enumerate(active):
+                self._append(rows[i], int(tokens[b]), float(logprobs[b]))
+            if seen is not None:
+                seen[torch.arange(len(active)), tokens] = True
+            keep = [b for b, i in enumerate(active) if rows[i].finish is None]
+            if not keep:
+                return
+            if len(keep) <= (1 - COMPACT_FRACTION) * len(active):
+                index = torch.tensor(keep)
+                cache.batch_select_indices(index.to(dev))
+                attention, positions, tokens = attention[index], positions[index], tokens[index]
+                params = _select(params, index)
+                seen = seen[index] if seen is not None else None
+                active = [active[b] for b in keep]
+            attention = torch.cat([attention, torch.ones((len(active), 1), dtype=torch.long)], dim=1)
+            positions = positions[:, -1:] + 1
+            out = model(
+                input_ids=tokens[:, None].to(dev),
+                attention_mask=attention.to(dev),
+                position_ids=positions.to(dev),
+                past_key_values=cache,
+                use_cache=True,
+            )
+
+    def _append(self, row: _Row, token: int, logprob: float) -> None:
+        if row.finish is not None:
+            return
+        if row.job.cancel.cancelled:
+            row.finish = FinishReason.ABORT
+            return
+        row.tokens.append(token)
+        row.logprobs.append(logprob)
+        sampling = row.job.sampling
+        if token in self._eos_ids:
+            row.finish = FinishReason.STOP
+        if sampling.stop:
+            text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+            cuts = [text.find(s) for s in sampling.stop if s in text]
+            if cuts:
+                row.text = text[: min(cuts)]
+                row.finish = FinishReason.STOP
+                return
+        if row.finish is None and len(row.tokens) >= sampling.max_tokens:
+            row.finish = FinishReason.LENGTH
+        if row.finish is not None:
+            row.text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+
+    # ---------------------------------------------------------------- weights
+    @torch.no_grad()
+    def apply_update(self, update: ValidatedUpdate) -> None:
+        params = dict(self.model.named_parameters())
+        if update.lora is not None:
+            self._apply_lora(update.lora, params)
+            return
+        self._restore_base(params)
+        state = self.model.state_dict()
+        for name, tensor in (update.state_dict or {}).items():
+            state[name].copy_(tensor)
+        self._state_pushed = True
+
+    def _apply_lora(self, lora: LoraAdapter, params: dict[str, torch.nn.Parameter]) -> None:
+        targets = {f"{module}.weight": module for module in lora.modules}
+        for name, base in self._base.items():
+            if name not in targets:
+                params[name].copy_(base)
+        for name, module in targets.items():
+            param = params[name]
+            base = self._base.setdefault(name, param.detach().clone())
+            param.copy_((base.float() + lora.delta(module).to(param.device)).to(param.dtype))
+
+    def _restore_base(self, params: dict[str, torch.nn.Parameter]) -> None:
+        """Undo the active adapter: a state dict is applied to the base weights."""
+        for name, base in self._base.items():
+            params[name].copy_(base)
+        self._base = {}
+
+    # ------------------------------------------------------------------ sleep
+    def sleep(self, level: int) -> None:
+        if level == 1:
+            if self.device != "cpu":
+                self.model.to("cpu")
+                self._base = {k: v.to("cpu") for k, v in self._base.items()}
+        else:
+            if self._state_pushed:
+                # Level 2 forgets the adapter (the caller pushes it again) but not earlier
+                # state-dict updates: the base they built is kept on disk for the wake-up.
+                self._snapshot.parent.mkdir(parents=True, exist_ok=True)
+                save_file(self._base_state(), self._snapshot)
+            self._model = None
+            self._base = {}
+        release_freed_memory()
+
+    def wake_up(self, tags: set[str]) -> None:
+        if "weights" not in tags:
+            return  # the KV cache is allocated per batch: nothing to restore
+        if self._model is None:
+            self._model = self._load()
+            if self._snapshot.exists():
+                self._model.load_state_dict(load_file(self._snapshot), strict=False)
+                self._snapshot.unlink()
+        elif self.device != "cpu":
+            self._model.to(self.device)
+            self._base = {k: v.to(self.device) for k, v in self._base.items()}
+
+    def _base_state(self) -> dict[str, torch.Tensor]:
+        """The live weights without the active adapter (W0 where an adapter changed W)."""
+        state = {k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()}
+        state.update({k: v.to("cpu").contiguous() for k, v in self._base.items()})
+        if self.model.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)  # shares storage with the embeddings
+        return state
+
+    def close(self) -> None:
+        self._model = None
+        self._snapshot.unlink(missing_ok=True)
+        release_freed_memory()
+
+
+def _row_params(specs: list[SamplingSpec]) -> RowParams:
+    return RowParams(
+        temperature=torch.tensor([s.temperature for s in specs], dtype=torch.float32),
+        top_k=torch.tensor([s.top_k for s in specs], dtype=torch.long),
+        top_p=torch.tensor([s.top_p for s in specs], dtype=torch.float32),
+        min_p=torch.tensor([s.min_p for s in specs], dtype=torch.float32),
+        repetition_penalty=torch.tensor([s.repetition_penalty for s in specs], dtype=torch.float32),
+        min_tokens=torch.tensor([s.min_tokens for s in specs], dtype=torch.long),
+    )
+
+
+def _select(params: RowParams, index: torch.Tensor) -> RowParams:
+    return RowParams(**{name: getattr(params, name)[index] for name in params.__dataclass_fields__})

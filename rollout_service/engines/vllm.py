@@ -1,0 +1,267 @@
+"""vLLM engine: ``vllm.LLM`` driven step by step, LoRA adapters per version, weights in place.
+
+- Generation: every prompt of every job becomes one engine request (``SamplingParams(n=...)``);
+  the loop calls ``LLMEngine.step()`` until all finish, aborting the requests of a job whose
+  caller went away. Logprobs use ``logprobs_mode="processed_logprobs"`` with ``logprobs=0`` (the
+  sampled token's): log_softmax(logits / T) after penalties — equal to TRL's recomputation
+  log_softmax(logits / T) when top_k, top_p, min_p and repetition_penalty are off (TRL's
+  defaults); with those filters on, vLLM reports the filtered distribution, as TRL's own vLLM
+  path does.
+- LoRA: each pushed adapter is written to ``work_dir/lora/v{version}`` and registered as
+  ``LoRARequest(name=f"v{version}", int_id=version)`` before it serves; the previous one is
+  then removed.
+- State dict: loaded in place in the worker(s) with vLLM's layer-wise ``reload_weights`` (it
+  maps HF names onto fused qkv/gate_up parameters and LoRA-wrapped layers), then the prefix
+  cache is reset so no KV computed by old weights is reused.
+- Sleep on CUDA: the real ``LLM.sleep(level)`` / ``wake_up(tags)`` (``enable_sleep_mode``).
+  On CPU vLLM refuses sleep mode, so both levels shut the engine down (its processes exit and
+  their memory returns to the OS) and waking starts a new engine (≈ 20–50 s for a tiny model
+  on 2 cores: process start, model load, KV cache allocation) with the latest weights: the
+  checkpoint, then the state from the last state-dict update (kept on disk), then the
+  active adapter.
+- Cost of a state-dict update: the full state (checkpoint overlaid by every update) is written
+  to ``work_dir/state`` and reloaded, so a partial update costs as much as a full one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoTokenizer
+from vllm import LLM, SamplingParams
+from vllm.lora.request import LoRARequest
+from vllm.sampling_params import RequestOutputKind
+
+from rollout_service.core.memory import release_freed_memory
+from rollout_service.core.settings import RolloutSettings
+from rollout_service.core.types import FinishReason, GenerationJob, RawCompletion, SamplingSpec
+from rollout_service.engines.base import Engine, derive_seed
+from rollout_service.weights import ValidatedUpdate
+
+logger = logging.getLogger(__name__)
+
+FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+
+
+def load_state_dict_in_worker(worker, path: str) -> None:
+    """Runs inside each vLLM worker: load a safetensors (partial) state dict in place."""
+    tensors = load_file(path)
+    worker.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
+
+
+class VllmEngine(Engine):
+    name = "vllm"
+
+    def __init__(self, model_dir: str, settings: RolloutSettings) -> None:
+        self.model_dir = str(model_dir)
+        self.settings = settings
+        self.device = settings.resolved_device()
+        self._cuda = self.device.startswith("cuda")
+        # Read by vLLM when the engine starts: our own worker functions go through
+        # collective_rpc as pickles; nothing may reach a model hub.
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        if not self._cuda:
+            # A small KV cache, and no dynamo (it compiles the sampler with a C++ compiler).
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.vllm.cpu_kvcache_space_gib))
+            os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self._owns_work_dir = settings.work_dir is None
+        self._work = Path(settings.work_dir or tempfile.mkdtemp(prefix="rollout-vllm-"))
+        self._work.mkdir(parents=True, exist_ok=True)
+        self._state_file = self._work / "state" / "current.safetensors"  # set by the first state dict
+        self._state_file.parent.mkdir(parents=True, exist_ok=True)
+        self._lora: LoRARequest | None = None
+        self._base_discarded = False  # CUDA level-2 sleep: weights garbage until reloaded
+        self._ids = itertools.count()
+        self._llm: LLM | None = self._start()
+        self.max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
+
+    # ---------------------------------------------------------------- startup
+    def _start(self) -> LLM:
+        s = self.settings
+        kwargs = {
+            "model": self.model_dir,
+            "dtype": s.resolved_dtype(),
+            "enforce_eager": True,
+            "enable_lora": True,
+            "max_lora_rank": s.vllm.max_lora_rank,
+            "max_loras": s.vllm.max_loras,
+            "seed": s.seed,
+            "logprobs_mode": "processed_logprobs",
+            "max_num_seqs": s.max_batch_size,
+            "enable_prefix_caching": s.vllm.enable_prefix_caching,
+        }
+        if s.max_model_len:
+            kwargs["max_model_len"] = s.max_model_len
+        if self._cuda:
+            kwargs["gpu_memory_utilization"] = s.vllm.gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = s.vllm.enable_sleep_mode
+        return LLM(**kwargs)
+
+    @property
+    def llm(self) -> LLM:
+        if self._llm is None:
+            raise RuntimeError("the vLLM engine is shut down by a sleep")
+        return self._llm
+
+    # --------------------------------------------------------------- generate
+    def generate(self, jobs: list[GenerationJob]) -> None:
+        engine = self.llm.llm_engine
+        owner: dict[str, tuple[GenerationJob, int]] = {}
+        for job in jobs:
+            for i, prompt in enumerate(job.prompt_token_ids):
+                request_id = f"r{next(self._ids)}"
+                owner[request_id] = (job, i)
+                params = self._sampling_params(job, i)
+                engine.add_request(request_id, {"prompt_token_ids": prompt}, params, lora_request=self._lora)
+            job.results = [RawCompletion([], [], FinishReason.ABORT, "")] * job.num_rows
+        aborted: set[int] = set()
+        while True:
+            for job in jobs:
+                if job.cancel.cancelled and id(job) not in aborted:
+                    aborted.add(id(job))
+                    engine.abort_request([rid for rid, (j, _) in owner.items() if j is job])
+            # Checked after the aborts: step() blocks until the engine core has output, so it
+            # must not be called once every request is gone.
+            if not engine.has_unfinished_requests():
+                break
+            for output in engine.step():
+                if not output.finished or output.request_id not in owner:
+                    continue
+                job, i = owner[output.request_id]
+                for completion in sorted(output.outputs, key=lambda c: c.index):
+                    job.results[i * job.n + completion.index] = _raw(completion)
+
+    def _sampling_params(self, job: GenerationJob, prompt_index: int) -> SamplingParams:
+        """vLLM derives the seeds of the n samples from ``seed`` (seed + index); each prompt gets
+        its own derived seed so prompts of one request draw independent streams."""
+        s: SamplingSpec = job.sampling
+        return SamplingParams(
+            n=job.n,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            min_p=s.min_p,
+            max_tokens=s.max_tokens,
+            min_tokens=s.min_tokens,
+            stop=list(s.stop) or None,
+            seed=None if s.seed is None else derive_seed(s.seed, prompt_index),
+            repetition_penalty=s.repetition_penalty,
+            logprobs=0,
+            skip_special_tokens=True,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    # ---------------------------------------------------------------- weights
+    def apply_update(self, update: ValidatedUpdate) -> None:
+        if update.lora is not None:
+            self._apply_lora(update)
+            return
+        # vLLM's layer-wise reload rebuilds each fused layer (qkv, gate_up) from the tensors it is
+        # given, so a partial update of one projection would leave its siblings unset: always
+        # reload the complete state, the checkpoint overlaid by every update so far.
+        self._base_discarded = False  # a full reload follows
+        state = self._current_state()
+        for name, tensor in (update.state_dict or {}).items():
+            state[name] = tensor.to(state[name].dtype) if name in state else tensor
+        staged = self._state_file.with_suffix(".next")
+        save_file({k: v.contiguous() for k, v in state.items()}, staged)
+        self._load_state_file(staged)
+        staged.replace(self._state_file)
+        self._drop_lora()
+
+    def _restore_base(self) -> None:
+        if self._state_file.exists():
+            self._load_state_file(self._state_file)
+        else:
+            self.llm.collective_rpc("reload_weights")  # the checkpoint from disk
+            self.llm.reset_prefix_cache()
+        self._base_discarded = False
+
+    def _current_state(self) -> dict[str, torch.Tensor]:
+        if self._state_file.exists():
+            return load_file(self._state_file)
+        state: dict[str, torch.Tensor] = {}
+        for file in sorted(Path(self.model_dir).glob("*.safetensors")):
+            state.update(load_file(file))
+        return state
+
+    def _load_state_file(self, path: Path) -> None:
+        self.llm.collective_rpc(load_state_dict_in_worker, args=(str(path),))
+        self.llm.reset_prefix_cache()
+
+    def _apply_lora(self, update: ValidatedUpdate) -> None:
+        assert update.lora is not None
+        if self._base_discarded:
+            # After a level-2 sleep on CUDA the base weights are garbage; an adapter alone would
+            # serve on top of them, so restore the base first (the latest pushed state, never a
+            # stale checkpoint over newer weights: the TRL #5312 trap).
+            self._restore_base()
+        directory = update.lora.write_dir(self._work / "lora" / f"v{update.version}")
+        request = LoRARequest(
+            lora_name=f"v{update.version}", lora_int_id=update.version, lora_path=str(directory)
+        )
+        self.llm.llm_engine.add_lora(request)  # loads it now, so a failure leaves the old one serving
+        self._drop_lora()
+        self._lora = request
+        self.llm.reset_prefix_cache()
+
+    def _drop_lora(self) -> None:
+        if self._lora is not None:
+            self.llm.llm_engine.remove_lora(self._lora.lora_int_id)
+            shutil.rmtree(self._lora.lora_path, ignore_errors=True)
+            self._lora = None
+
+    # ------------------------------------------------------------------ sleep
+    def sleep(self, level: int) -> None:
+        if self._cuda and self.settings.vllm.enable_sleep_mode:
+            self.llm.sleep(level=level)
+            self._base_discarded = level == 2
+            return
+        self._shutdown()
+
+    def wake_up(self, tags: set[str]) -> None:
+        if self._cuda and self.settings.vllm.enable_sleep_mode:
+            self.llm.wake_up(tags=sorted(tags))
+            if "kv_cache" in tags:
+                self.llm.reset_prefix_cache()
+            return
+        if "weights" not in tags or self._llm is not None:
+            return  # on CPU the KV cache comes back with the rebuilt engine
+        self._llm = self._start()
+        if self._state_file.exists():
+            self._load_state_file(self._state_file)
+        if self._lora is not None:
+            self.llm.llm_engine.add_lora(self._lora)
+
+    def _shutdown(self) -> None:
+        if self._llm is not None:
+            self._llm.llm_engine.engine_core.shutdown()
+            self._llm = None
+        release_freed_memory()
+
+    def close(self) -> None:
+        self._shutdown()
+        if self._owns_work_dir:
+            shutil.rmtree(self._work, ignore_errors=True)
+
+
+def _raw(completion) -> RawCompletion:
+    logprobs = [
+        float(step[token].logprob)
+        for token, step in zip(completion.token_ids, completion.logprobs or [], strict=False)
+    ]
+    return RawCompletion(
+        token_ids=list(completion.token_ids),
+        logprobs=logprobs,
+        finish_reason=FINISH.get(completion.finish_reason or "abort", FinishReason.ABORT),
+        text=completion.text,
+    )

@@ -1,0 +1,141 @@
+"""Service assembly: settings → engine → RolloutCore → servicer binding, and the CLI entry point.
+
+``python -m rollout_service --port P --model DIR [--engine hf|vllm] [--config FILE]``; the model
+directory is checked before anything starts (a missing or non-causal-LM model exits with code 2
+and a one-line reason).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+
+from grpo_runtime.cli import run_service
+from grpo_runtime.config import ServerConfig
+from grpo_runtime.server import GrpcServer, ServiceBinding
+from rollout_service.api.servicer import RolloutServicer
+from rollout_service.core.rollout import RolloutCore
+from rollout_service.core.settings import RolloutSettings
+from rollout_service.engines.registry import build_engine, check_model_dir
+from rollout_service.weights import ParamCatalog
+
+DEFAULT_PORT = 50052
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("rollout")
+    group.add_argument("--model", default=None, metavar="DIR", help="model directory (config.json + weights)")
+    group.add_argument(
+        "--engine",
+        default=None,
+        choices=["auto", "hf", "vllm"],
+        help="generation engine (default auto: vllm when it can run, else hf)",
+    )
+    group.add_argument("--device", default=None, help="cpu, cuda:0, ... (default auto)")
+
+
+def settings_from(args: argparse.Namespace, settings: dict[str, Any]) -> RolloutSettings:
+    """Config-file settings with the command-line flags applied over them."""
+    merged = RolloutSettings.model_validate(settings)
+    overrides = {
+        k: v for k, v in (("model", args.model), ("engine", args.engine), ("device", args.device)) if v
+    }
+    return merged.model_copy(update=overrides)
+
+
+async def build_core(settings: RolloutSettings) -> RolloutCore:
+    """Load the engine (in a thread: it takes seconds) and wrap it in a started RolloutCore."""
+    check_model_dir(settings.model)
+    engine = await asyncio.to_thread(build_engine, settings.model, settings)
+    catalog = await asyncio.to_thread(ParamCatalog.from_model_dir, settings.model)
+    core = RolloutCore(
+        engine,
+        engine.tokenizer,
+        catalog,
+        max_prompts=settings.max_prompts,
+        batch_window_s=settings.batch_window_ms / 1000,
+        max_batch_rows=settings.max_batch_size,
+    )
+    await core.start()
+    return core
+
+
+def binding(core: RolloutCore) -> ServiceBinding:
+    return ServiceBinding(
+        servicer=RolloutServicer(core),
+        add_to_server=rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
+        descriptor=rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"],
+    )
+
+
+async def build(args: argparse.Namespace, settings: dict[str, Any]):
+    core = await build_core(settings_from(args, settings))
+    return [binding(core)], core.close
+
+
+class BackgroundServer:
+    """The rollout service on its own event loop in a daemon thread, for tests, benchmarks and a
+    trainer that spawns its rollout service locally.
+
+        with BackgroundServer(RolloutSettings(model=DIR, engine="hf")) as server:
+            client = RolloutClient(server.address)
+
+    ``core`` is the live RolloutCore (call its coroutines with :meth:`call`).
+    """
+
+    def __init__(self, settings: RolloutSettings, config: ServerConfig | None = None) -> None:
+        self.settings = settings
+        self.config = config or ServerConfig(host="127.0.0.1", port=0)
+        self.loop = asyncio.new_event_loop()
+        self.core: RolloutCore | None = None
+        self._server: GrpcServer | None = None
+        self._thread = threading.Thread(target=self.loop.run_forever, name="rollout-server", daemon=True)
+
+    def start(self) -> BackgroundServer:
+        self._thread.start()
+        self.call(self._start())
+        return self
+
+    async def _start(self) -> None:
+        self.core = await build_core(self.settings)
+        self._server = GrpcServer(self.config, [binding(self.core)], on_shutdown=self.core.close)
+        await self._server.start()
+
+    @property
+    def address(self) -> str:
+        assert self._server is not None
+        return self._server.address
+
+    def call(self, coro, timeout_s: float | None = None):
+        """Run a coroutine on the server's loop and wait for its result."""
+        future: Future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return future.result(timeout_s)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self.call(self._server.stop(0))
+            self._server = None
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_service(
+        prog="rollout_service",
+        description="GRPO rollout service: generation with exact logprobs, weight updates, sleep/wake.",
+        default_port=DEFAULT_PORT,
+        add_arguments=add_arguments,
+        build=build,
+        argv=argv,
+    )

@@ -1,0 +1,69 @@
+"""Request validation: every bad input is INVALID_ARGUMENT naming its field."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from grpo_runtime.errors import InvalidArgument
+from rollout_service.core.types import GenerateRequest, PromptInput, SamplingSpec
+from rollout_service.core.validation import RequestValidator
+
+
+@pytest.fixture(scope="module")
+def validator(tiny_models) -> RequestValidator:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["policy"])
+    return RequestValidator(tokenizer, max_model_len=64, vocab_size=len(tokenizer), max_prompts=4)
+
+
+def request(*prompts: PromptInput, n: int = 1, **sampling) -> GenerateRequest:
+    return GenerateRequest(prompts=prompts, n=n, sampling=SamplingSpec(**sampling))
+
+
+TEXT = PromptInput(id="a", text="What is 12 + 7?")
+
+
+@pytest.mark.parametrize(
+    ("req", "field"),
+    [
+        (request(), "prompts"),
+        (request(*[TEXT] * 5), "prompts"),
+        (request(TEXT, n=0), "n"),
+        (request(TEXT, PromptInput(id="b")), "prompts[1]"),
+        (request(PromptInput(text="x", token_ids=(1, 2))), "prompts[0]"),
+        (request(PromptInput(messages=(("user", "hi"),), text="x")), "prompts[0]"),
+        (request(PromptInput(messages=(("", "hi"),))), "prompts[0].messages[0].role"),
+        (request(PromptInput(token_ids=(1, 99999))), "prompts[0].token_ids[1]"),
+        (request(TEXT, max_tokens=0), "sampling.max_tokens"),
+        (request(TEXT, max_tokens=60), "sampling.max_tokens"),
+        (request(TEXT, temperature=-0.1), "sampling.temperature"),
+        (request(TEXT, temperature=float("nan")), "sampling.temperature"),
+        (request(TEXT, top_p=0.0), "sampling.top_p"),
+        (request(TEXT, top_p=1.5), "sampling.top_p"),
+        (request(TEXT, top_k=-2), "sampling.top_k"),
+        (request(TEXT, min_p=1.5), "sampling.min_p"),
+        (request(TEXT, repetition_penalty=0.0), "sampling.repetition_penalty"),
+        (request(TEXT, min_tokens=20, max_tokens=10), "sampling.min_tokens"),
+        (request(TEXT, stop=("ok", "")), "sampling.stop[1]"),
+    ],
+)
+def test_bad_requests_name_the_field(validator, req, field):
+    with pytest.raises(InvalidArgument) as info:
+        validator.to_job(req)
+    assert info.value.field == field
+
+
+def test_three_prompt_forms_tokenize(validator):
+    chat = PromptInput(id="c", messages=(("user", "What is 2 + 2?"),))
+    ids = PromptInput(id="i", token_ids=(5, 6, 7))
+    job = validator.to_job(request(TEXT, chat, ids, n=3, top_k=-1))
+    tok = validator.tokenizer
+    assert job.prompt_token_ids[0] == tok("What is 12 + 7?")["input_ids"]
+    expected_chat = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True, tokenize=False
+    )
+    assert tok.decode(job.prompt_token_ids[1]) == expected_chat
+    assert expected_chat.endswith("<|im_start|>assistant\n")
+    assert job.prompt_token_ids[2] == [5, 6, 7]
+    assert job.num_rows == 9
+    assert job.sampling.top_k == 0  # -1 normalised to "off"

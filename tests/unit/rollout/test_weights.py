@@ -1,0 +1,124 @@
+"""Weight payload validation: all-or-nothing checks before anything touches an engine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+from transformers import AutoModelForCausalLM
+
+from grpo_runtime.errors import InvalidArgument
+from rollout_service.core.types import WeightFormat, WeightPayload
+from rollout_service.weights import (
+    ParamCatalog,
+    read_directory,
+    sha256_hex,
+    state_dict_bytes,
+    validate_payload,
+)
+
+
+@pytest.fixture(scope="module")
+def catalog(tiny_models) -> ParamCatalog:
+    return ParamCatalog.from_model_dir(tiny_models["policy"])
+
+
+@pytest.fixture(scope="module")
+def lora(tiny_models):
+    """A PEFT adapter on the tiny policy with nonzero B (so it changes the weights)."""
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_models["policy"])
+    config = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False
+    )
+    model = get_peft_model(base, config)
+    tensors = get_peft_model_state_dict(model)
+    config_json = json.dumps(model.peft_config["default"].to_dict(), default=sorted)
+    return model, tensors, config_json
+
+
+def payload(data: bytes, fmt=WeightFormat.STATE_DICT, **kw) -> WeightPayload:
+    return WeightPayload(version=1, format=fmt, data=data, sha256=kw.pop("sha256", sha256_hex(data)), **kw)
+
+
+def field_of(call) -> str | None:
+    with pytest.raises(InvalidArgument) as info:
+        call()
+    return info.value.field
+
+
+def test_state_dict_checks(catalog):
+    good = {"model.norm.weight": torch.ones(128)}
+    data = state_dict_bytes(good)
+    update = validate_payload(payload(data, total_bytes=len(data)), catalog)
+    assert update.num_tensors == 1
+    assert field_of(lambda: validate_payload(payload(data, sha256="0" * 64), catalog)) == "sha256"
+    assert field_of(lambda: validate_payload(payload(data, sha256=""), catalog)) == "sha256"
+    assert field_of(lambda: validate_payload(payload(data, total_bytes=5), catalog)) == "total_bytes"
+    assert field_of(lambda: validate_payload(payload(b"not safetensors at all"), catalog)) == "data"
+    assert field_of(lambda: validate_payload(payload(data[:-7]), catalog)) == "data"
+    unknown = state_dict_bytes({"model.nope.weight": torch.ones(3)})
+    assert field_of(lambda: validate_payload(payload(unknown), catalog)) == "data"
+    shape = state_dict_bytes({"model.norm.weight": torch.ones(127)})
+    assert field_of(lambda: validate_payload(payload(shape), catalog)) == "data"
+    nan = state_dict_bytes({"model.norm.weight": torch.full((128,), float("nan"))})
+    assert field_of(lambda: validate_payload(payload(nan), catalog)) == "data"
+    unspecified = payload(data, fmt=WeightFormat.UNSPECIFIED)
+    assert field_of(lambda: validate_payload(unspecified, catalog)) == "format"
+
+
+def test_lora_delta_matches_peft_merge(catalog, lora):
+    model, tensors, config_json = lora
+    update = validate_payload(
+        payload(state_dict_bytes(tensors), WeightFormat.LORA_ADAPTER, adapter_config_json=config_json),
+        catalog,
+    )
+    assert update.lora is not None and len(update.lora.modules) == 6
+    module = "model.layers.1.mlp.down_proj"
+    peft_layer = model.base_model.model.model.layers[1].mlp.down_proj
+    expected = peft_layer.get_delta_weight("default")
+    assert torch.allclose(update.lora.delta(module), expected, atol=1e-6)
+    assert update.lora.delta(module).abs().sum() > 0
+
+
+def test_lora_checks(catalog, lora):
+    _, tensors, config_json = lora
+    data = state_dict_bytes(tensors)
+
+    def check(data=data, config=config_json):
+        validate_payload(payload(data, WeightFormat.LORA_ADAPTER, adapter_config_json=config), catalog)
+
+    assert field_of(lambda: check(config="")) == "adapter_config_json"
+    assert field_of(lambda: check(config="{not json")) == "adapter_config_json"
+    assert field_of(lambda: check(config=json.dumps({"r": 4}))) == "adapter_config_json"
+    bad = dict(tensors)
+    name = next(k for k in bad if k.endswith("lora_A.weight"))
+    bad[name] = torch.ones(4, 3)
+    assert field_of(lambda: check(data=state_dict_bytes(bad))) == "data"
+    missing = {k: v for k, v in tensors.items() if k != name}
+    assert field_of(lambda: check(data=state_dict_bytes(missing))) == "data"
+    renamed = {k.replace("layers.0", "layers.9"): v for k, v in tensors.items()}
+    assert field_of(lambda: check(data=state_dict_bytes(renamed))) == "data"
+
+
+def test_read_directory(tmp_path, catalog, lora):
+    model, _, _ = lora
+    model.save_pretrained(tmp_path / "adapter")
+    update = read_directory(str(tmp_path / "adapter"), 2, WeightFormat.UNSPECIFIED, catalog)
+    assert update.format == WeightFormat.LORA_ADAPTER and update.lora is not None
+    sd_dir = tmp_path / "sd"
+    sd_dir.mkdir()
+    (sd_dir / "part.safetensors").write_bytes(state_dict_bytes({"model.norm.weight": torch.ones(128)}))
+    update = read_directory(str(sd_dir), 3, WeightFormat.UNSPECIFIED, catalog)
+    assert update.format == WeightFormat.STATE_DICT and update.num_tensors == 1
+    assert (
+        field_of(lambda: read_directory(str(tmp_path / "nope"), 4, WeightFormat.UNSPECIFIED, catalog))
+        == "path"
+    )
+    (tmp_path / "empty").mkdir()
+    assert (
+        field_of(lambda: read_directory(str(tmp_path / "empty"), 4, WeightFormat.STATE_DICT, catalog))
+        == "path"
+    )
