@@ -55,6 +55,9 @@ class ParamInfo:
     type: str  # JSON type: number, integer, boolean, string, array
     default: Any
     description: str
+    choices: tuple[Any, ...] = ()  # allowed values when not empty
+    minimum: float | None = None  # inclusive bounds of number/integer params
+    maximum: float | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,30 @@
+"""``python -m reward_service --port P [--config FILE]``: serve RewardService and RewardAdminService."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from grpo_runtime.cli import run_service
+from grpo_runtime.server import Cleanup, ServiceBinding
+from reward_service.server import build
+from reward_service.settings import load_settings
+
+
+async def _build(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[list[ServiceBinding], Cleanup]:
+    return await build(load_settings(settings))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_service(
+        prog="reward_service",
+        description="GRPO reward service: built-in rewards, code sandbox, PRM/ORM reward models.",
+        default_port=50051,
+        build=_build,
+        argv=argv,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

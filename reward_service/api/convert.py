@@ -1,0 +1,146 @@
+"""protobuf ↔ domain objects of the reward service (no logic beyond shape)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from google.protobuf import json_format, struct_pb2
+from grpo.reward.v1 import reward_pb2
+
+from grpo_runtime.errors import InvalidArgument
+from reward_service.types import (
+    ComponentResult,
+    Message,
+    RewardDescription,
+    RewardRequest,
+    Sample,
+    SampleResult,
+)
+
+
+def _struct(value: struct_pb2.Struct) -> dict[str, Any]:
+    return json_format.MessageToDict(value)
+
+
+def _json_value(value: Any) -> struct_pb2.Value:
+    out = struct_pb2.Value()
+    if value is None:
+        out.null_value = struct_pb2.NULL_VALUE
+    else:
+        json_format.ParseDict(value, out)
+    return out
+
+
+def sample(message: reward_pb2.Sample, index: int) -> Sample:
+    for j, m in enumerate(message.prompt):
+        if not m.role:
+            raise InvalidArgument("role is required", field=f"samples[{index}].prompt[{j}].role")
+    return Sample(
+        id=message.id,
+        completion=message.completion,
+        prompt=tuple(Message(role=m.role, content=m.content) for m in message.prompt),
+        completion_ids=tuple(message.completion_ids),
+        metadata=_struct(message.metadata),
+        group=message.group,
+    )
+
+
+def reward_spec(message: reward_pb2.RewardSpec) -> RewardRequest:
+    weight = message.weight if message.HasField("weight") else 1.0
+    return RewardRequest(name=message.name, weight=weight, params=_struct(message.params))
+
+
+def score_request(message: reward_pb2.ScoreRequest) -> tuple[list[Sample], list[RewardRequest]]:
+    return [sample(s, i) for i, s in enumerate(message.samples)], [reward_spec(r) for r in message.rewards]
+
+
+def _finite(value: float | None) -> float | None:
+    # A NaN/inf would poison the trainer's statistics; such a component is reported as having no value.
+    return value if value is not None and math.isfinite(value) else None
+
+
+def score_response(results: Sequence[SampleResult]) -> reward_pb2.ScoreResponse:
+    response = reward_pb2.ScoreResponse()
+    for result in results:
+        score = response.scores.add(id=result.id)
+        reward = _finite(result.reward)
+        if reward is not None:
+            score.reward = reward
+        for name, component in result.components:
+            c = score.components.add(name=name, step_scores=component.step_scores, error=component.error)
+            value = _finite(component.value)
+            if value is not None:
+                c.value = value
+            elif component.value is not None and not component.error:
+                c.error = f"non-finite value {component.value}"
+    return response
+
+
+def list_rewards_response(descriptions: Sequence[RewardDescription]) -> reward_pb2.ListRewardsResponse:
+    response = reward_pb2.ListRewardsResponse()
+    for d in descriptions:
+        info = response.rewards.add(
+            name=d.name,
+            description=d.description,
+            required_metadata=list(d.required_metadata),
+            group_aware=d.group_aware,
+            available=d.available,
+            status=d.status,
+        )
+        if d.min_value is not None:
+            info.min_value = d.min_value
+        if d.max_value is not None:
+            info.max_value = d.max_value
+        for p in d.params:
+            info.params.add(
+                name=p.name, type=p.type, default_value=_json_value(p.default), description=p.description
+            )
+    return response
+
+
+# Client side: domain → request, response → domain.
+
+
+def sample_message(s: Sample) -> reward_pb2.Sample:
+    message = reward_pb2.Sample(
+        id=s.id, completion=s.completion, completion_ids=list(s.completion_ids), group=s.group
+    )
+    for m in s.prompt:
+        message.prompt.add(role=m.role, content=m.content)
+    if s.metadata:
+        message.metadata.update(s.metadata)
+    return message
+
+
+def score_request_message(
+    samples: Sequence[Sample], rewards: Sequence[RewardRequest]
+) -> reward_pb2.ScoreRequest:
+    request = reward_pb2.ScoreRequest(samples=[sample_message(s) for s in samples])
+    for r in rewards:
+        spec = request.rewards.add(name=r.name, weight=r.weight)
+        if r.params:
+            spec.params.update(r.params)
+    return request
+
+
+def sample_results(response: reward_pb2.ScoreResponse) -> list[SampleResult]:
+    return [
+        SampleResult(
+            id=score.id,
+            reward=score.reward if score.HasField("reward") else None,
+            components=[
+                (
+                    c.name,
+                    ComponentResult(
+                        value=c.value if c.HasField("value") else None,
+                        step_scores=list(c.step_scores),
+                        error=c.error,
+                    ),
+                )
+                for c in score.components
+            ],
+        )
+        for score in response.scores
+    ]

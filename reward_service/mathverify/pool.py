@@ -1,0 +1,242 @@
+"""A pool of math-verify worker processes with a hard per-sample deadline.
+
+Why processes: math-verify's timeouts use ``SIGALRM`` and only work in the main thread of the main
+interpreter, and SymPy can hang inside C code where no signal helps. Each worker is a ``spawn``-ed process
+(never ``fork``: gRPC is not fork-safe) that runs ``worker.serve`` in its main thread, so math-verify's own
+timeouts work there. On top of that every sample has a hard deadline: a worker that overruns it is killed and
+replaced, and the sample gets ``error="verification timed out after Xs"`` — never a silent 0.
+
+Scheduling: a sample waits in the queue of the worker its gold answer hashes to, so the G completions of a
+group meet that worker's caches (parsed gold, verdicts; see ``worker``); a worker whose own queue is empty
+takes work from the longest other queue, so a batch still spreads over every core. One driver coroutine per
+worker keeps up to ``PIPELINE_DEPTH`` samples in that worker's pipe, so a worker starts its next sample as
+soon as it finishes one instead of waiting for this (busy) event loop to hand it over. A sample's deadline
+runs from the moment its worker starts it (when the sample before it in the pipe finished). When a worker is
+killed, the sample queued behind the overrunning one goes back to the front of its queue.
+
+Start the pool before the gRPC server (``await pool.start()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import multiprocessing
+import time
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+
+from reward_service.mathverify import worker
+from reward_service.mathverify.settings import MathVerifySettings
+
+log = logging.getLogger(__name__)
+
+_CONTEXT = multiprocessing.get_context("spawn")
+STARTUP_TIMEOUT_S = 120.0
+PIPELINE_DEPTH = 2
+
+
+@dataclass
+class _Job:
+    gold: str
+    completion: str
+    deadline_s: float
+    result: asyncio.Future[tuple[float | None, str]] = field(repr=False)
+
+
+class _Worker:
+    def __init__(self, settings: MathVerifySettings):
+        self.conn, child = _CONTEXT.Pipe()
+        self.process: BaseProcess = _CONTEXT.Process(
+            target=worker.serve,
+            args=(child, settings.parse_timeout_s, settings.verify_timeout_s),
+            daemon=True,
+            name="mathverify-worker",
+        )
+        self.process.start()
+        child.close()
+
+    async def receive(self, timeout: float | None) -> object:
+        """Waits for the next message without blocking the event loop; TimeoutError past ``timeout``."""
+        if not self.conn.poll():
+            loop = asyncio.get_running_loop()
+            ready = loop.create_future()
+            fd = self.conn.fileno()
+            loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+            try:
+                await asyncio.wait_for(ready, timeout)
+            finally:
+                loop.remove_reader(fd)
+        return self.conn.recv()
+
+    def kill(self) -> None:
+        with contextlib.suppress(Exception):
+            self.process.kill()
+        self.process.join(timeout=5)
+        self.conn.close()
+
+
+class MathVerifyPool:
+    """``await pool.check(gold, completion)`` → ``(value, error)`` computed in a worker process."""
+
+    def __init__(self, settings: MathVerifySettings):
+        self.settings = settings
+        self._queues: list[collections.deque[_Job]] = [collections.deque() for _ in range(settings.workers)]
+        self._job_ready = asyncio.Event()
+        self._drivers: list[asyncio.Task[None]] = []
+        self._workers: list[_Worker | None] = []
+        self._closed = False
+        self.replaced = 0  # workers killed for overrunning or crashing (for tests and metrics)
+
+    @property
+    def size(self) -> int:
+        return self.settings.workers
+
+    @property
+    def alive(self) -> int:
+        """Workers started and answering (a replaced one counts again once it is ready)."""
+        return sum(w is not None for w in self._workers)
+
+    async def start(self) -> None:
+        """Starts every worker and waits until each has imported math-verify."""
+        workers = await asyncio.gather(*(self._new_worker() for _ in range(self.settings.workers)))
+        self._workers = list(workers)
+        self._drivers = [asyncio.ensure_future(self._drive(i)) for i in range(len(workers))]
+        log.info("math-verify pool: %d worker processes", len(workers))
+
+    async def _new_worker(self) -> _Worker:
+        w = _Worker(self.settings)
+        try:
+            if await w.receive(STARTUP_TIMEOUT_S) != "ready":
+                raise RuntimeError("math-verify worker sent an unexpected greeting")
+        except BaseException:
+            w.kill()
+            raise
+        return w
+
+    async def check(
+        self, gold: str, completion: str, deadline_s: float | None = None
+    ) -> tuple[float | None, str]:
+        """Verifies one completion against its gold answer; see ``worker.check_answer``."""
+        if self._closed:
+            raise RuntimeError("math-verify pool is closed")
+        job = _Job(
+            gold,
+            completion,
+            deadline_s or self.settings.deadline_s,
+            asyncio.get_running_loop().create_future(),
+        )
+        self._queues[hash(gold) % len(self._queues)].append(job)
+        self._job_ready.set()
+        return await job.result
+
+    def _take(self, slot: int) -> _Job | None:
+        """The next live sample of ``slot``'s own queue, else of the longest other queue."""
+        own = self._queues[slot]
+        while True:
+            queue = own if own else max(self._queues, key=len)
+            if not queue:
+                return None
+            job = queue.popleft()
+            if not job.result.done():  # skip samples whose caller went away
+                return job
+
+    async def _next_job(self, slot: int, wait: bool) -> _Job | None:
+        while True:
+            job = self._take(slot)
+            if job is not None or not wait:
+                return job
+            self._job_ready.clear()
+            await self._job_ready.wait()
+
+    async def _drive(self, slot: int) -> None:
+        """Feeds worker ``slot`` from the shared queue, enforces deadlines, replaces it when it overruns."""
+        in_pipe: collections.deque[_Job] = collections.deque()
+        try:
+            await self._drive_loop(slot, in_pipe)
+        finally:
+            for job in in_pipe:
+                if not job.result.done():
+                    job.result.set_result((None, "math-verify pool closed"))
+
+    async def _drive_loop(self, slot: int, in_pipe: collections.deque[_Job]) -> None:
+        head_started = 0.0
+        while not self._closed:
+            w = self._workers[slot]
+            if w is None:
+                try:
+                    w = self._workers[slot] = await self._new_worker()
+                except Exception:
+                    log.exception("could not replace math-verify worker %d; retrying", slot)
+                    await asyncio.sleep(1.0)
+                    continue
+            if not in_pipe:
+                job = await self._next_job(slot, wait=True)
+                head_started = time.monotonic()
+                assert job is not None
+                if not self._send(w, job, in_pipe):
+                    self._retire(slot, in_pipe, "verification worker died")
+                    continue
+            while (
+                len(in_pipe) < PIPELINE_DEPTH and (job := await self._next_job(slot, wait=False)) is not None
+            ):
+                if not self._send(w, job, in_pipe):
+                    break
+            head = in_pipe[0]
+            remaining = head.deadline_s - (time.monotonic() - head_started)
+            try:
+                value, error = await w.receive(max(remaining, 0.0))  # type: ignore[misc]
+            except TimeoutError:
+                self._retire(slot, in_pipe, f"verification timed out after {head.deadline_s:g}s")
+                continue
+            except (EOFError, OSError):
+                self._retire(slot, in_pipe, "verification worker died")
+                continue
+            in_pipe.popleft()
+            head_started = time.monotonic()
+            if not head.result.done():
+                head.result.set_result((value, error))
+
+    @staticmethod
+    def _send(w: _Worker, job: _Job, in_pipe: collections.deque[_Job]) -> bool:
+        in_pipe.append(job)
+        try:
+            w.conn.send((job.gold, job.completion))
+        except OSError:
+            return False
+        return True
+
+    def _retire(self, slot: int, in_pipe: collections.deque[_Job], error: str) -> None:
+        """Kills worker ``slot``: its current sample gets ``error``, the ones behind it are re-queued."""
+        w = self._workers[slot]
+        self._workers[slot] = None
+        if w is not None:
+            w.kill()
+        self.replaced += 1
+        head = in_pipe.popleft()
+        if not head.result.done():
+            head.result.set_result((None, error))
+        while in_pipe:
+            self._queues[slot].appendleft(in_pipe.pop())
+        self._job_ready.set()
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in self._drivers:
+            task.cancel()
+        await asyncio.gather(*self._drivers, return_exceptions=True)
+        workers = [w for w in self._workers if w is not None]
+        for w in workers:
+            with contextlib.suppress(Exception):
+                w.conn.send(None)
+        await asyncio.gather(*(asyncio.to_thread(w.process.join, 2) for w in workers))
+        for w in workers:
+            w.kill()
+        self._workers = []
+        for queue in self._queues:
+            for job in queue:
+                if not job.result.done():
+                    job.result.set_result((None, "math-verify pool closed"))
+            queue.clear()

@@ -1,0 +1,24 @@
+"""Settings of the math-verify worker pool (the ``mathverify:`` block of the reward service config)."""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class MathVerifySettings(BaseModel):
+    """Worker processes and deadlines (seconds) of answer verification."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workers: int = Field(
+        default_factory=lambda: max(1, len(os.sched_getaffinity(0))),
+        ge=1,
+        description="Worker processes (default: usable cores).",
+    )
+    parse_timeout_s: int = Field(10, ge=1, description="math-verify's own parse timeout (SIGALRM), as TRL.")
+    verify_timeout_s: int = Field(5, ge=1, description="math-verify's own comparison timeout, as TRL.")
+    deadline_s: float = Field(
+        30.0, gt=0, description="Hard deadline of one sample; a worker past it is killed and replaced."
+    )

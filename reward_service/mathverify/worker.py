@@ -1,0 +1,112 @@
+"""Code that runs inside a math-verify worker process (its main thread, so SIGALRM timeouts work).
+
+``check_answer`` reproduces TRL's ``trl.rewards.accuracy_reward`` for one sample:
+
+* gold: ``parse(gold)`` with math-verify's default extraction (LaTeX + plain expressions); ``[]`` → no value;
+* answer: ``parse(completion, [LatexExtractionConfig(normalization_config=NormalizationConfig(units=True),
+  boxed_match_priority=0, try_extract_without_anchor=False)], extraction_mode="first_match")``;
+* value = ``float(verify(gold, answer))`` — gold first, ``verify`` is not symmetric.
+
+Where TRL turns math-verify's own timeouts into a silent ``[]``/``False``, the worker notices the timeout
+warning math-verify logs and reports an error instead of a 0.
+
+Caches, per worker: the parsed gold (the same gold is checked against the G completions of a group), and the
+verdict per (gold, extracted answer) — completions of a group often reach the same answer in different words,
+and ``verify`` (SymPy simplification) is the expensive half. The key is the gold text and the ``str`` of each
+parsed answer element (SymPy expression and the extracted LaTeX string), so equal keys mean equal inputs.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+from typing import Any
+
+from latex2sympy2_extended import NormalizationConfig
+from math_verify import LatexExtractionConfig, parse, verify
+
+ANSWER_EXTRACTION = [
+    LatexExtractionConfig(
+        normalization_config=NormalizationConfig(units=True),
+        boxed_match_priority=0,
+        try_extract_without_anchor=False,
+    )
+]
+
+
+class _TimeoutWatch(logging.Handler):
+    """Catches math-verify's 'Timeout during parsing/comparison' warnings for the sample in progress."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.message = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if "Timeout" in text and not self.message:
+            self.message = text.split(":")[0]
+
+
+_watch = _TimeoutWatch()
+for _name in ("math_verify.parser", "math_verify.grader"):
+    _logger = logging.getLogger(_name)
+    _logger.addHandler(_watch)
+    _logger.propagate = False
+
+
+VERDICT_CACHE_SIZE = 16384
+_verdicts: collections.OrderedDict[tuple[str, tuple[str, ...]], float] = collections.OrderedDict()
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(gold: str, parse_timeout: int) -> list[Any]:
+    return parse(gold, parsing_timeout=parse_timeout)
+
+
+def check_answer(
+    gold: str, completion: str, parse_timeout: int, verify_timeout: int
+) -> tuple[float | None, str]:
+    """Returns (value, error): (1.0|0.0, "") when checked, (None, why) otherwise."""
+    _watch.message = ""
+    gold_parsed = _parse_gold(gold, parse_timeout)
+    if _watch.message:
+        _parse_gold.cache_clear()
+        return None, f"gold answer: {_watch.message.lower()} after {parse_timeout}s"
+    if not gold_parsed:
+        return None, f"gold answer {gold[:80]!r} could not be parsed"
+    answer = parse(
+        completion,
+        extraction_config=ANSWER_EXTRACTION,
+        extraction_mode="first_match",
+        parsing_timeout=parse_timeout,
+    )
+    key = (gold, tuple(str(a) for a in answer))
+    if key in _verdicts:
+        _verdicts.move_to_end(key)
+        return _verdicts[key], ""
+    value = float(verify(gold_parsed, answer, timeout_seconds=verify_timeout))
+    if _watch.message:
+        return None, f"verification timed out ({_watch.message.lower()})"
+    _verdicts[key] = value
+    if len(_verdicts) > VERDICT_CACHE_SIZE:
+        _verdicts.popitem(last=False)
+    return value, ""
+
+
+def serve(conn: Any, parse_timeout: int, verify_timeout: int) -> None:
+    """Worker loop: receives ``(gold, completion)``, answers ``(value, error)``; ``None`` stops it."""
+    conn.send("ready")
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, KeyboardInterrupt):
+            return
+        if job is None:
+            return
+        gold, completion = job
+        try:
+            result = check_answer(gold, completion, parse_timeout, verify_timeout)
+        except Exception as exc:
+            result = (None, f"verification failed: {type(exc).__name__}: {str(exc)[:200]}")
+        conn.send(result)

@@ -1,0 +1,219 @@
+"""The set of loaded reward models, with atomic hot swap.
+
+Each loaded model is a ``_Slot``: engine + its own dynamic batcher + ``ModelInfo`` + a lease count.
+``score`` takes a lease on the slot current when the request starts and keeps it until its results
+are back; ``load`` under an existing name builds the new slot off the event loop and then replaces
+the dict entry in one step (no await in between), so a request sees either the old or the new
+model, never a mix or a gap. A replaced or unloaded slot is retired: it keeps serving its leases and
+is closed when the last one is returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import torch
+
+from grpo_runtime.errors import InvalidArgument, NotFound
+from reward_service.models.batcher import DynamicBatcher
+from reward_service.models.engine import Encoded, RewardModelEngine, SampleError
+from reward_service.models.loading import LoadedModel, load_model
+from reward_service.models.orm import OutcomeRewardModel
+from reward_service.models.prm import ProcessRewardModel
+from reward_service.models.settings import ModelSettings
+from reward_service.models.spec import MODEL_NAME_RE, ModelInfo, ModelKind, ModelSpec
+from reward_service.types import ComponentResult, RewardDescription, Sample
+
+log = logging.getLogger(__name__)
+
+_PREFIXES = {f"{kind.value}:": kind for kind in ModelKind}
+
+
+def parse_reward_name(reward_name: str) -> tuple[ModelKind, str] | None:
+    """``"prm:foo"`` → (PRM, "foo"); None when the name is not a model reward."""
+    for prefix, kind in _PREFIXES.items():
+        if reward_name.startswith(prefix):
+            return kind, reward_name[len(prefix) :]
+    return None
+
+
+@dataclass(eq=False)
+class _Slot:
+    info: ModelInfo
+    engine: RewardModelEngine
+    batcher: DynamicBatcher
+    leases: int = 0
+    retired: bool = False
+    disposed: bool = False
+
+
+def _engine_for(loaded: LoadedModel) -> RewardModelEngine:
+    if loaded.spec.kind is ModelKind.PRM:
+        return ProcessRewardModel(loaded)
+    return OutcomeRewardModel(loaded)
+
+
+class ModelRegistry:
+    """Loads, swaps, unloads and scores with PRMs/ORMs (``prm:<name>``, ``orm:<name>``)."""
+
+    def __init__(self, settings: ModelSettings) -> None:
+        self._settings = settings
+        self._slots: dict[str, _Slot] = {}
+        self._versions: dict[str, int] = {}  # survives unload: versions only grow
+        self._load_locks: dict[str, asyncio.Lock] = {}
+
+    async def start(self) -> None:
+        """Load ``settings.preload``; an error names the entry (``models.preload[i].<field>``)."""
+        for index, entry in enumerate(self._settings.preload):
+            try:
+                await self.load(entry.to_spec())
+            except InvalidArgument as exc:
+                where = f"models.preload[{index}]" + (f".{exc.field}" if exc.field else "")
+                raise InvalidArgument(exc.message, field=where) from exc
+
+    async def load(self, spec: ModelSpec) -> ModelInfo:
+        """Load ``spec`` in a worker thread, then install it under its name, replacing any model there."""
+        if not MODEL_NAME_RE.match(spec.name):
+            raise InvalidArgument(
+                f"{spec.name!r} must be lowercase letters, digits, '-', '_' or '.'", field="name"
+            )
+        lock = self._load_locks.setdefault(spec.name, asyncio.Lock())
+        async with lock:  # loads of one name install in request order
+            loaded = await asyncio.to_thread(load_model, spec, self._settings)
+            version = self._versions.get(spec.name, 0) + 1
+            info = ModelInfo(
+                name=spec.name,
+                path=spec.path,
+                kind=spec.kind,
+                prm_format=loaded.prm_format,
+                version=version,
+                device=loaded.device,
+                dtype=loaded.dtype,
+                loaded_at=datetime.now(UTC),
+                max_positions=loaded.max_positions,
+            )
+            engine = _engine_for(loaded)
+            batcher = DynamicBatcher(
+                engine.forward,
+                max_batch_tokens=self._settings.max_batch_tokens,
+                max_wait_ms=self._settings.max_wait_ms,
+                dynamic=self._settings.dynamic_batching,
+                name=spec.name,
+            )
+            # The swap: one dict assignment, no await between reading the old slot and replacing it.
+            old = self._slots.get(spec.name)
+            self._slots[spec.name] = _Slot(info=info, engine=engine, batcher=batcher)
+            self._versions[spec.name] = version
+        log.info("loaded %s v%d from %s on %s", info.reward_name, version, spec.path, info.device)
+        if old is not None:
+            await self._retire(old)
+        return info
+
+    async def unload(self, name: str) -> None:
+        """Remove the model ``name``; requests already scoring with it finish first."""
+        slot = self._slots.pop(name, None)
+        if slot is None:
+            raise NotFound(f"no model named {name!r} is loaded", field="name")
+        log.info("unloaded %s v%d", slot.info.reward_name, slot.info.version)
+        await self._retire(slot)
+
+    def list(self) -> list[ModelInfo]:
+        return [slot.info for _, slot in sorted(self._slots.items())]
+
+    def describe(self) -> list[RewardDescription]:
+        return [slot.engine.describe(slot.info.reward_name) for _, slot in sorted(self._slots.items())]
+
+    def has(self, reward_name: str) -> bool:
+        return self._current(reward_name) is not None
+
+    def batcher_stats(self, name: str) -> dict[str, int]:
+        """Counters of the current model's batcher: forward_calls, sequences, largest_batch."""
+        slot = self._slots.get(name)
+        if slot is None:
+            raise NotFound(f"no model named {name!r} is loaded", field="name")
+        batcher = slot.batcher
+        return {
+            "forward_calls": batcher.forward_calls,
+            "sequences": batcher.sequences,
+            "largest_batch": batcher.largest_batch,
+        }
+
+    def validate_params(self, reward_name: str, params: dict[str, Any]) -> dict[str, Any]:
+        """``params`` with defaults; InvalidArgument naming ``name`` or ``params.<key>``."""
+        return self._require(reward_name).engine.validate_params(params)
+
+    async def score(
+        self, reward_name: str, samples: Sequence[Sample], params: dict[str, Any]
+    ) -> list[ComponentResult]:
+        """One result per sample with the model current when the call starts.
+
+        A sample the model cannot take (no steps, too long) gets an ``error``; the rest are scored.
+        """
+        slot = self._require(reward_name)
+        resolved = slot.engine.validate_params(params)
+        slot.leases += 1
+        try:
+            encoded = await asyncio.to_thread(self._encode_all, slot.engine, samples)
+            ok = [item for item in encoded if isinstance(item, Encoded)]
+            outputs = iter(await slot.batcher.submit(ok))
+            return [
+                slot.engine.finish(next(outputs), resolved)
+                if isinstance(item, Encoded)
+                else ComponentResult(error=item)
+                for item in encoded
+            ]
+        finally:
+            slot.leases -= 1
+            if slot.retired and slot.leases == 0:
+                await self._dispose(slot)
+
+    async def close(self) -> None:
+        slots = list(self._slots.values())
+        self._slots.clear()
+        for slot in slots:
+            slot.retired = True
+            await self._dispose(slot)
+
+    def _current(self, reward_name: str) -> _Slot | None:
+        parsed = parse_reward_name(reward_name)
+        if parsed is None:
+            return None
+        kind, name = parsed
+        slot = self._slots.get(name)
+        return slot if slot is not None and slot.info.kind is kind else None
+
+    def _require(self, reward_name: str) -> _Slot:
+        slot = self._current(reward_name)
+        if slot is None:
+            raise InvalidArgument(f"no model is loaded as {reward_name!r}", field="name")
+        return slot
+
+    @staticmethod
+    def _encode_all(engine: RewardModelEngine, samples: Sequence[Sample]) -> list[Encoded | str]:
+        encoded: list[Encoded | str] = []
+        for sample in samples:
+            try:
+                encoded.append(engine.encode(sample))
+            except SampleError as exc:
+                encoded.append(str(exc))
+        return encoded
+
+    async def _retire(self, slot: _Slot) -> None:
+        slot.retired = True
+        if slot.leases == 0:
+            await self._dispose(slot)
+
+    async def _dispose(self, slot: _Slot) -> None:
+        if slot.disposed:
+            return
+        slot.disposed = True
+        await slot.batcher.close()
+        if slot.info.device.startswith("cuda"):
+            # The slot was the model's last owner; hand its blocks back to the driver.
+            torch.cuda.empty_cache()
+        log.info("released %s v%d", slot.info.reward_name, slot.info.version)

@@ -1,0 +1,97 @@
+"""``code``: runs the completion's Python program in the sandbox against the sample's tests."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from reward_service.rewards.base import missing_metadata
+from reward_service.sandbox.runner import SandboxRunner
+from reward_service.types import ComponentResult, ParamInfo, RewardDescription, Sample
+
+# open-r1 `extract_code` takes the last ```python block; ```py is accepted too.
+_PYTHON_BLOCK = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.DOTALL)
+
+
+def extract_program(completion: str, whole_text_fallback: bool) -> str | None:
+    """The last fenced python block; the whole completion when there is none and the fallback is on."""
+    blocks = _PYTHON_BLOCK.findall(completion)
+    if blocks:
+        return blocks[-1]
+    return completion if whole_text_fallback and completion.strip() else None
+
+
+def same_output(stdout: str, expected: str) -> bool:
+    """open-r1's comparison, without its zip truncation: stripped output, line by line, each line stripped."""
+    got = [line.strip() for line in stdout.strip().splitlines()]
+    want = [line.strip() for line in str(expected).strip().splitlines()]
+    return got == want
+
+
+def parse_tests(metadata: dict[str, Any]) -> list[tuple[str, str]] | str:
+    """(stdin, expected stdout) pairs from ``tests`` or ``expected``; an error message when malformed."""
+    if "tests" in metadata:
+        tests = metadata["tests"]
+        if not isinstance(tests, list) or not tests:
+            return "metadata 'tests' must be a non-empty list of {input, output}"
+        pairs = []
+        for i, case in enumerate(tests):
+            if not isinstance(case, dict) or "output" not in case:
+                return f"metadata 'tests[{i}]' must be an object with 'input' and 'output'"
+            pairs.append((str(case.get("input") or ""), str(case["output"])))
+        return pairs
+    return [("", str(metadata["expected"]))]
+
+
+class CodeReward:
+    """value = fraction of tests passed (stripped stdout equal to the expected output), each test one sandbox
+    run (open-r1 ``code_reward`` semantics, local sandbox instead of E2B). A program that fails gets value 0
+    for that test and the first failure's reason in ``error``."""
+
+    def __init__(self, runner: SandboxRunner | None, available: bool, status: str):
+        self._runner = runner
+        self.description = RewardDescription(
+            name="code",
+            description="Fraction of metadata 'tests' ({input, output}) whose stripped stdout matches, "
+            "or 1/0 against metadata 'expected'; program = last ```python block (open-r1 code_reward).",
+            params=(
+                ParamInfo(
+                    "whole_text_fallback",
+                    "boolean",
+                    False,
+                    "Run the whole completion when it has no ```python block.",
+                ),
+            ),
+            required_metadata=("tests|expected",),
+            min_value=0.0,
+            max_value=1.0,
+            available=available,
+            status=status,
+        )
+
+    async def score(self, samples: Sequence[Sample], params: dict[str, Any]) -> list[ComponentResult]:
+        return list(await asyncio.gather(*(self._one(s, params) for s in samples)))
+
+    async def _one(self, sample: Sample, params: dict[str, Any]) -> ComponentResult:
+        assert self._runner is not None  # the scorer refuses `code` when the sandbox is unavailable
+        if "tests" not in sample.metadata and "expected" not in sample.metadata:
+            return missing_metadata("tests' or 'expected")
+        tests = parse_tests(sample.metadata)
+        if isinstance(tests, str):
+            return ComponentResult(error=tests)
+        program = extract_program(sample.completion, params["whole_text_fallback"])
+        if program is None:
+            return ComponentResult(value=0.0, error="no ```python code block in the completion")
+        runs = await asyncio.gather(*(self._runner.run(program, stdin) for stdin, _ in tests))
+        passed, reasons = 0, []
+        for i, (run, (_, expected)) in enumerate(zip(runs, tests, strict=True)):
+            if run.failure:
+                reasons.append(f"test {i}: {run.failure}")
+            elif same_output(run.stdout, expected):
+                passed += 1
+            else:
+                reasons.append(f"test {i}: wrong output")
+        value = passed / len(tests)
+        return ComponentResult(value=value, error=reasons[0] if reasons else "")

@@ -1,0 +1,114 @@
+"""``json_schema``: does the completion's JSON satisfy the sample's schema (``jsonschema`` library)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import jsonschema
+from jsonschema.exceptions import SchemaError
+
+from reward_service.rewards.base import missing_metadata
+from reward_service.types import ComponentResult, ParamInfo, RewardDescription, Sample
+
+_FENCED_JSON = re.compile(r"```(?:json)?\s*\n(.*?)```", re.DOTALL)
+# The seed's partial-credit check compares primitive JSON types only.
+_PRIMITIVE = {
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "array": list,
+    "object": dict,
+    "null": type(None),
+}
+
+
+def extract_json(text: str) -> Any:
+    """The last fenced ``json`` block, else the whole stripped text, decoded; raises ValueError."""
+    blocks = _FENCED_JSON.findall(text)
+    return json.loads(blocks[-1] if blocks else text.strip())
+
+
+def _type_matches(value: Any, expected: Any) -> bool:
+    if expected is None:
+        return True
+    names = expected if isinstance(expected, list) else [expected]
+    for name in names:
+        kind = _PRIMITIVE.get(name)
+        if kind is None:
+            return True
+        # bool is an int in Python but not a JSON number.
+        if isinstance(value, bool) and name in ("integer", "number"):
+            continue
+        if isinstance(value, kind):
+            return True
+    return False
+
+
+def partial_credit(instance: Any, schema: dict[str, Any]) -> float:
+    """Seed ``verifiable``/``json_schema``: fraction of the schema's top-level ``required`` fields present
+    with the right primitive type; 1.0 when valid JSON and nothing is required, 0.0 when the JSON is not an
+    object."""
+    required = schema.get("required") or []
+    if not isinstance(instance, dict):
+        return 0.0
+    if not required:
+        return 1.0
+    properties = schema.get("properties") or {}
+    ok = sum(
+        1
+        for name in required
+        if name in instance and _type_matches(instance[name], (properties.get(name) or {}).get("type"))
+    )
+    return ok / len(required)
+
+
+def load_schema(raw: Any) -> dict[str, Any]:
+    schema = json.loads(raw) if isinstance(raw, str) else raw
+    if not isinstance(schema, dict):
+        raise ValueError("metadata 'schema' must be a JSON object (or its text)")
+    jsonschema.validators.validator_for(schema).check_schema(schema)
+    return schema
+
+
+class JsonSchemaReward:
+    """1.0 when the completion's JSON validates against metadata ``schema`` (draft chosen by ``$schema``),
+    else 0.0 with the first validation error as the reason. ``partial_credit``: the seed's fraction of
+    required fields with the right primitive type instead."""
+
+    description = RewardDescription(
+        name="json_schema",
+        description="1.0 if the completion (last ```json block or whole text) validates against metadata "
+        "'schema' (jsonschema), else 0; partial_credit: fraction of required fields with the right type.",
+        params=(ParamInfo("partial_credit", "boolean", False, "Seed's fraction-of-required-fields score."),),
+        required_metadata=("schema",),
+        min_value=0.0,
+        max_value=1.0,
+    )
+
+    async def score(self, samples: Sequence[Sample], params: dict[str, Any]) -> list[ComponentResult]:
+        return [self._one(s, params["partial_credit"]) for s in samples]
+
+    @staticmethod
+    def _one(sample: Sample, partial: bool) -> ComponentResult:
+        if "schema" not in sample.metadata:
+            return missing_metadata("schema")
+        try:
+            schema = load_schema(sample.metadata["schema"])
+        except (ValueError, SchemaError) as exc:
+            return ComponentResult(error=f"metadata 'schema' is not a valid JSON schema: {str(exc)[:200]}")
+        try:
+            instance = extract_json(sample.completion)
+        except ValueError as exc:
+            return ComponentResult(value=0.0, error=f"completion is not valid JSON: {exc}")
+        if partial:
+            return ComponentResult(value=partial_credit(instance, schema))
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
+        if error is None:
+            return ComponentResult(value=1.0)
+        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+        return ComponentResult(value=0.0, error=f"schema violation at {where}: {error.message[:200]}")

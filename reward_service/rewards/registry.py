@@ -1,0 +1,32 @@
+"""The built-in rewards by name, in ListRewards order."""
+
+from __future__ import annotations
+
+from reward_service.mathverify.pool import MathVerifyPool
+from reward_service.rewards.accuracy import Accuracy, CosineReward, LengthReward, SoftOverlong
+from reward_service.rewards.base import Reward
+from reward_service.rewards.code import CodeReward
+from reward_service.rewards.json_schema import JsonSchemaReward
+from reward_service.rewards.text import text_rewards
+from reward_service.sandbox.runner import SandboxRunner
+
+
+def builtin_rewards(
+    pool: MathVerifyPool, sandbox: SandboxRunner | None, sandbox_available: bool, sandbox_status: str
+) -> dict[str, Reward]:
+    """Name → reward for every built-in, in DESIGN.md's order; ``code`` is described as unavailable when
+    the sandbox is refused."""
+    text = {r.description.name: r for r in text_rewards()}
+    rewards: list[Reward] = [
+        Accuracy(pool),
+        text["format"],
+        text["tag_count"],
+        text["reasoning_steps"],
+        LengthReward(pool),
+        CosineReward(pool),
+        text["repetition_penalty"],
+        SoftOverlong(),
+        CodeReward(sandbox, sandbox_available, sandbox_status),
+        JsonSchemaReward(),
+    ]
+    return {r.description.name: r for r in rewards}

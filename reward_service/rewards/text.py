@@ -1,0 +1,138 @@
+"""Rewards that read only the completion text: format, tag_count, reasoning_steps, repetition_penalty."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from reward_service.rewards.base import TextReward
+from reward_service.types import ComponentResult, ParamInfo, RewardDescription, Sample
+
+# open-r1 `format_reward`: think block then answer block, nothing else.
+R1_FORMAT = re.compile(r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$", re.DOTALL | re.MULTILINE)
+# TRL `think_format_reward`: one think block at the start, anything after it.
+THINK_FORMAT = re.compile(r"^<think>(?!.*<think>)(.*?)</think>.*$", re.DOTALL | re.MULTILINE)
+# open-r1 `reasoning_steps_reward`; no MULTILINE there, so `^\d+\.` only matches at the very start.
+STEP_PATTERN = re.compile(r"(Step \d+:|^\d+\.|\n-|\n\*|First,|Second,|Next,|Finally,)")
+
+
+def format_value(text: str, params: dict[str, Any]) -> float:
+    """1.0 when the whole completion matches the format, else 0.0.
+
+    ``style="r1"`` (default, open-r1 ``format_reward``):
+    ``^<think>\\n.*?\\n</think>\\n<answer>\\n.*?\\n</answer>$``;
+    ``style="think"`` (TRL ``think_format_reward``): ``^<think>(?!.*<think>)(.*?)</think>.*$``.
+    Both with DOTALL|MULTILINE and ``re.match``, as the references.
+    """
+    pattern = R1_FORMAT if params["style"] == "r1" else THINK_FORMAT
+    return 1.0 if pattern.match(text) else 0.0
+
+
+def tag_count_value(text: str, params: dict[str, Any]) -> float:
+    """open-r1 ``tag_count_reward``: +0.25 for each of ``<think>\\n``, ``\\n</think>\\n``, ``\\n<answer>\\n``,
+    ``\\n</answer>`` that occurs exactly once. Range [0, 1]."""
+    tags = ("<think>\n", "\n</think>\n", "\n<answer>\n", "\n</answer>")
+    return sum(0.25 for tag in tags if text.count(tag) == 1)
+
+
+def reasoning_steps_value(text: str, params: dict[str, Any]) -> float:
+    """open-r1 ``reasoning_steps_reward``: min(1, hits / min_steps) with hits = matches of
+    ``(Step \\d+:|^\\d+\\.|\\n-|\\n\\*|First,|Second,|Next,|Finally,)`` (open-r1's "magic number" min_steps =
+    3)."""
+    return min(1.0, len(STEP_PATTERN.findall(text)) / params["min_steps"])
+
+
+def repetition_value(units: Sequence[Any], ngram_size: int, max_penalty: float) -> float:
+    """Demystify-long-CoT App. C.2 (TRL/open-r1 ``repetition_penalty_reward``):
+    ``(1 − #unique n-grams / #n-grams) · max_penalty``; 0.0 with fewer than ``ngram_size`` units. Range
+    [max_penalty, 0]."""
+    if len(units) < ngram_size:
+        return 0.0
+    ngrams = list(zip(*[units[i:] for i in range(ngram_size)], strict=False))
+    scaling = 1 - len(set(ngrams)) / len(ngrams)
+    return scaling * max_penalty if scaling else 0.0
+
+
+class RepetitionPenalty:
+    """n-gram repetition penalty over lower-cased whitespace words (open-r1, ``unit="words"``, default) or
+    over completion token ids (TRL ``get_repetition_penalty_reward``, ``unit="tokens"``)."""
+
+    description = RewardDescription(
+        name="repetition_penalty",
+        description="(1 - unique/total n-grams) * max_penalty; arXiv 2502.03373 App. C.2, open-r1 (words) / "
+        "TRL (token ids).",
+        params=(
+            ParamInfo("ngram_size", "integer", 3, "n of the n-grams.", minimum=1),
+            ParamInfo(
+                "max_penalty", "number", -1.0, "Penalty of a fully repetitive completion (<= 0).", maximum=0
+            ),
+            ParamInfo(
+                "unit",
+                "string",
+                "words",
+                "'words' (open-r1) or 'tokens' (completion_ids, TRL).",
+                choices=("words", "tokens"),
+            ),
+        ),
+        min_value=None,
+        max_value=0.0,
+    )
+
+    async def score(self, samples: Sequence[Sample], params: dict[str, Any]) -> list[ComponentResult]:
+        results = []
+        for s in samples:
+            if params["unit"] == "tokens":
+                if not s.completion_ids and s.completion:
+                    results.append(ComponentResult(error="completion_ids are required for unit='tokens'"))
+                    continue
+                units: Sequence[Any] = s.completion_ids
+            else:
+                units = s.completion.lower().split()
+            results.append(
+                ComponentResult(value=repetition_value(units, params["ngram_size"], params["max_penalty"]))
+            )
+        return results
+
+
+def text_rewards() -> list[Any]:
+    return [
+        TextReward(
+            RewardDescription(
+                name="format",
+                description="1 if the completion is <think>..</think><answer>..</answer> "
+                "(open-r1 format_reward), or with style='think' TRL think_format_reward "
+                "^<think>(?!.*<think>)(.*?)</think>.*$.",
+                params=(
+                    ParamInfo(
+                        "style", "string", "r1", "'r1' (open-r1) or 'think' (TRL).", choices=("r1", "think")
+                    ),
+                ),
+                min_value=0.0,
+                max_value=1.0,
+            ),
+            format_value,
+        ),
+        TextReward(
+            RewardDescription(
+                name="tag_count",
+                description="0.25 per tag <think>\\n, \\n</think>\\n, \\n<answer>\\n, \\n</answer> "
+                "occurring exactly once (open-r1 tag_count_reward).",
+                min_value=0.0,
+                max_value=1.0,
+            ),
+            tag_count_value,
+        ),
+        TextReward(
+            RewardDescription(
+                name="reasoning_steps",
+                description="min(1, #step markers / min_steps), markers Step N:, ^N., \\n-, \\n*, "
+                "First, Second, Next, Finally, (open-r1 reasoning_steps_reward).",
+                params=(ParamInfo("min_steps", "integer", 3, "Markers needed for full reward.", minimum=1),),
+                min_value=0.0,
+                max_value=1.0,
+            ),
+            reasoning_steps_value,
+        ),
+        RepetitionPenalty(),
+    ]

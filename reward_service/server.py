@@ -1,0 +1,95 @@
+"""Wires the reward service: backends started before the gRPC server, then the servicer bindings."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
+
+from grpo_runtime.server import Cleanup, ServiceBinding
+from reward_service.api.admin import RewardAdminServicer
+from reward_service.api.reward import RewardServicer
+from reward_service.core.scorer import Scorer
+from reward_service.mathverify.pool import MathVerifyPool
+from reward_service.models.registry import ModelRegistry
+from reward_service.rewards.registry import builtin_rewards
+from reward_service.sandbox.runner import SandboxRunner, probe_namespaces
+from reward_service.settings import RewardSettings
+
+log = logging.getLogger(__name__)
+
+
+async def open_sandbox(settings: RewardSettings) -> tuple[SandboxRunner | None, bool, str]:
+    """(runner, available, status) for the `code` reward; logs what isolation is in force."""
+    sandbox = settings.sandbox
+    if not sandbox.enabled:
+        return None, False, "disabled by configuration (sandbox.enabled: false)"
+    ok, detail = await probe_namespaces(sandbox)
+    if ok:
+        log.info("code sandbox: %s", detail)
+        return SandboxRunner(sandbox, namespaces=True), True, detail
+    if sandbox.allow_weak_isolation:
+        status = f"WEAK isolation (rlimits, process group, empty env; no namespaces): {detail}"
+        log.warning("code sandbox: %s", status)
+        return SandboxRunner(sandbox, namespaces=False), True, status
+    status = (
+        f"refused: no namespace isolation here ({detail}); set sandbox.allow_weak_isolation to accept less"
+    )
+    log.error("code sandbox: %s", status)
+    return None, False, status
+
+
+@dataclass
+class RewardService:
+    """Everything a running reward service owns; ``close`` releases it."""
+
+    scorer: Scorer
+    pool: MathVerifyPool
+    registry: ModelRegistry
+    settings: RewardSettings
+
+    def bindings(self) -> list[ServiceBinding]:
+        return [
+            ServiceBinding(
+                servicer=RewardServicer(self.scorer, self.settings.stream_window),
+                add_to_server=reward_pb2_grpc.add_RewardServiceServicer_to_server,
+                descriptor=reward_pb2.DESCRIPTOR.services_by_name["RewardService"],
+            ),
+            ServiceBinding(
+                servicer=RewardAdminServicer(self.registry),
+                add_to_server=reward_pb2_grpc.add_RewardAdminServiceServicer_to_server,
+                descriptor=reward_pb2.DESCRIPTOR.services_by_name["RewardAdminService"],
+            ),
+        ]
+
+    async def close(self) -> None:
+        await self.registry.close()
+        await self.pool.close()
+
+
+async def start_reward_service(settings: RewardSettings) -> RewardService:
+    """Starts the math-verify workers (before any gRPC server exists: spawn, never fork), probes the
+    sandbox and loads the preconfigured models."""
+    pool = MathVerifyPool(settings.mathverify)
+    await pool.start()
+    registry = ModelRegistry(settings.models)
+    try:
+        sandbox, available, status = await open_sandbox(settings)
+        await registry.start()
+    except BaseException:
+        await pool.close()
+        await registry.close()
+        raise
+    scorer = Scorer(
+        builtin_rewards(pool, sandbox, available, status),
+        registry,
+        max_samples=settings.max_samples,
+        max_concurrent=settings.max_concurrent_requests,
+    )
+    return RewardService(scorer=scorer, pool=pool, registry=registry, settings=settings)
+
+
+async def build(settings: RewardSettings) -> tuple[list[ServiceBinding], Cleanup]:
+    service = await start_reward_service(settings)
+    return service.bindings(), service.close

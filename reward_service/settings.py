@@ -1,0 +1,35 @@
+"""Settings of the reward service: the ``--config`` YAML minus its ``server:`` block."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from grpo_runtime.config import ConfigError, format_validation_error
+from reward_service.mathverify.settings import MathVerifySettings
+from reward_service.models.settings import ModelSettings
+from reward_service.sandbox.settings import SandboxSettings
+
+
+class RewardSettings(BaseModel):
+    """Request limits plus one block per backend (math-verify pool, code sandbox, reward models)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_samples: int = Field(4096, ge=1, description="Samples allowed in one ScoreRequest.")
+    max_concurrent_requests: int = Field(
+        64, ge=1, description="Score requests scored at once; more are refused with RESOURCE_EXHAUSTED."
+    )
+    stream_window: int = Field(4, ge=1, description="Requests of one ScoreStream scored at the same time.")
+    mathverify: MathVerifySettings = Field(default_factory=MathVerifySettings)
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    models: ModelSettings = Field(default_factory=ModelSettings)
+
+
+def load_settings(raw: dict[str, Any] | None) -> RewardSettings:
+    """Validates the settings dict; ConfigError names the key (e.g. ``sandbox.memory_mb: ...``)."""
+    try:
+        return RewardSettings.model_validate(raw or {})
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from exc

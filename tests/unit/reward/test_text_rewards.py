@@ -1,0 +1,102 @@
+"""Text-only rewards against TRL's implementations and open-r1's formulas."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from trl.rewards import get_repetition_penalty_reward, get_soft_overlong_punishment, think_format_reward
+
+from reward_service.rewards.accuracy import SoftOverlong
+from reward_service.rewards.params import resolve_params
+from reward_service.rewards.text import (
+    RepetitionPenalty,
+    format_value,
+    reasoning_steps_value,
+    tag_count_value,
+    text_rewards,
+)
+from reward_service.types import Sample
+
+TEXTS = [
+    "<think>\nreason\n</think>\n<answer>\n42\n</answer>",
+    "<think>\nreason\n</think>\n<answer>\n42\n</answer>\ntrailing",
+    "<think>reason</think> answer",
+    "<think>\nThis is my reasoning.\n</think>\nThis is my answer.",
+    "<think>\nThis is my reasoning.\nThis is my answer.",
+    "<think>a</think><think>b</think>",
+    "no tags at all",
+    "",
+    "Step 1: do x\nStep 2: do y\n- bullet\n* star\nFinally, done",
+    "1. first\n2. second",
+    "First, a. Second, b.",
+]
+
+
+def _params(name: str, **given):
+    reward = {r.description.name: r for r in text_rewards()}[name]
+    return resolve_params(reward.description.params, given, "params")
+
+
+def _r1_format(text: str) -> float:
+    # open-r1 format_reward, written out from its source.
+    pattern = r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$"
+    return 1.0 if re.match(pattern, text, re.DOTALL | re.MULTILINE) else 0.0
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_format_matches_references(text):
+    assert format_value(text, _params("format")) == _r1_format(text)
+    trl = think_format_reward([[{"role": "assistant", "content": text}]])[0]
+    assert format_value(text, _params("format", style="think")) == trl
+
+
+def test_tag_count_and_reasoning_steps_formulas():
+    assert tag_count_value(TEXTS[0], {}) == 1.0
+    assert tag_count_value("<think>\n<think>\n", {}) == 0.0
+    assert tag_count_value("<think>\nx\n</think>\n", {}) == 0.5
+    assert reasoning_steps_value(TEXTS[8], _params("reasoning_steps")) == 1.0
+    # "1." at the very start only (no MULTILINE in open-r1's pattern): 1 hit → 1/3.
+    assert reasoning_steps_value(TEXTS[9], _params("reasoning_steps")) == pytest.approx(1 / 3)
+    assert reasoning_steps_value(TEXTS[10], _params("reasoning_steps", min_steps=2)) == 1.0
+    assert reasoning_steps_value("nothing", _params("reasoning_steps")) == 0.0
+
+
+async def test_repetition_penalty_tokens_match_trl():
+    ids = [[1, 2, 3, 4], [5, 5, 5, 5, 5], [1, 2], [1, 2, 1, 2, 1, 2, 3], []]
+    samples = [Sample(id=str(i), completion="x" * len(c), completion_ids=tuple(c)) for i, c in enumerate(ids)]
+    reward = RepetitionPenalty()
+    for n, penalty in ((2, -1.0), (3, -0.5)):
+        params = resolve_params(
+            reward.description.params, {"unit": "tokens", "ngram_size": n, "max_penalty": penalty}, "p"
+        )
+        got = [c.value for c in await reward.score(samples, params)]
+        assert got == pytest.approx(get_repetition_penalty_reward(n, penalty)(ids))
+    assert get_repetition_penalty_reward(2, -1.0)(ids[:2]) == [0.0, -0.75]
+
+
+async def test_repetition_penalty_words_open_r1():
+    reward = RepetitionPenalty()
+    params = resolve_params(reward.description.params, {}, "p")
+    text = "the cat sat the cat sat the cat sat"
+    words = text.lower().split()
+    ngrams = list(zip(words, words[1:], words[2:], strict=False))
+    expected = (1 - len(set(ngrams)) / len(ngrams)) * -1.0
+    results = await reward.score([Sample(id="a", completion=text), Sample(id="b", completion="a b")], params)
+    assert results[0].value == pytest.approx(expected)
+    assert results[1].value == 0.0
+
+
+async def test_soft_overlong_matches_trl():
+    reward = SoftOverlong()
+    params = resolve_params(
+        reward.description.params, {"max_completion_len": 100, "soft_punish_cache": 20}, "p"
+    )
+    lengths = [0, 50, 80, 81, 90, 100, 101, 500]
+    samples = [Sample(id="", completion="x", completion_ids=(1,) * n) for n in lengths]
+    samples[0] = Sample(id="", completion="")
+    got = [c.value for c in await reward.score(samples, params)]
+    assert got == pytest.approx(get_soft_overlong_punishment(100, 20)([[1] * n for n in lengths]))
+    assert got[4] == -0.5  # TRL's golden value
+    missing = await reward.score([Sample(id="", completion="text but no ids")], params)
+    assert missing[0].value is None and "completion_ids" in missing[0].error
