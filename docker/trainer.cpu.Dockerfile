@@ -21,6 +21,7 @@ LABEL org.opencontainers.image.title="grpo-services trainer" \
 RUN useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin grpo
 COPY --from=build /opt/venv /opt/venv
 COPY models/demo /opt/grpo/models/demo
+COPY data/demo /opt/grpo/data/demo
 ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     HOME=/tmp HF_HOME=/tmp/hf HF_HUB_OFFLINE=1 MPLCONFIGDIR=/tmp/matplotlib
 USER 10001

@@ -27,6 +27,7 @@ LABEL org.opencontainers.image.title="grpo-services trainer (cuda)" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /opt/venv /opt/venv
 COPY models/demo /opt/grpo/models/demo
+COPY data/demo /opt/grpo/data/demo
 ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     HOME=/tmp HF_HOME=/tmp/hf HF_HUB_OFFLINE=1
 USER 10001

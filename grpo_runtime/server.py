@@ -31,6 +31,7 @@ import grpc
 from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client.registry import Collector
 
 from grpo_runtime.auth import admin_methods
 from grpo_runtime.config import ServerConfig
@@ -52,11 +53,13 @@ class BindError(RuntimeError):
 @dataclass(frozen=True)
 class ServiceBinding:
     """One service to serve: the servicer, the generated ``add_XServicer_to_server`` function, and the
-    service descriptor (its full name is used for health and reflection, its method options for auth)."""
+    service descriptor (its full name is used for health and reflection, its method options for auth).
+    ``collectors`` are Prometheus collectors of the service's own metrics, exported beside the RPC metrics."""
 
     servicer: Any
     add_to_server: Callable[[Any, grpc.aio.Server], None]
     descriptor: ServiceDescriptor
+    collectors: tuple[Collector, ...] = ()
 
     @property
     def name(self) -> str:
@@ -110,6 +113,9 @@ class GrpcServer:
         self.bindings = tuple(bindings)
         self.health = HealthServicer()
         self.metrics = RpcMetrics()
+        for binding in self.bindings:
+            for collector in binding.collectors:
+                self.metrics.registry.register(collector)
         self._on_shutdown = on_shutdown
         self._server: grpc.aio.Server | None = None
         self._port: int | None = None

@@ -7,15 +7,25 @@ from dataclasses import dataclass
 
 from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 
+from grpo_runtime.config import ConfigError
 from grpo_runtime.server import Cleanup, ServiceBinding
-from reward_service.api.admin import RewardAdminServicer
 from reward_service.api.reward import RewardServicer
 from reward_service.core.scorer import Scorer
 from reward_service.mathverify.pool import MathVerifyPool
-from reward_service.models.registry import ModelRegistry
 from reward_service.rewards.registry import builtin_rewards
 from reward_service.sandbox.runner import SandboxRunner, probe_namespaces
 from reward_service.settings import RewardSettings
+
+try:
+    # Reward models need torch and transformers, which the slim image (extra `reward-slim`) leaves out:
+    # there the service scores with the built-in rewards and serves no RewardAdminService.
+    from reward_service.api.admin import RewardAdminServicer
+    from reward_service.models.metrics import ModelMetrics
+    from reward_service.models.registry import ModelRegistry
+except ModuleNotFoundError as missing:
+    if missing.name not in ("torch", "transformers"):
+        raise
+    ModelRegistry = None
 
 log = logging.getLogger(__name__)
 
@@ -46,25 +56,31 @@ class RewardService:
 
     scorer: Scorer
     pool: MathVerifyPool
-    registry: ModelRegistry
+    registry: ModelRegistry | None
     settings: RewardSettings
 
     def bindings(self) -> list[ServiceBinding]:
-        return [
+        bindings = [
             ServiceBinding(
                 servicer=RewardServicer(self.scorer, self.settings.stream_window),
                 add_to_server=reward_pb2_grpc.add_RewardServiceServicer_to_server,
                 descriptor=reward_pb2.DESCRIPTOR.services_by_name["RewardService"],
-            ),
-            ServiceBinding(
-                servicer=RewardAdminServicer(self.registry),
-                add_to_server=reward_pb2_grpc.add_RewardAdminServiceServicer_to_server,
-                descriptor=reward_pb2.DESCRIPTOR.services_by_name["RewardAdminService"],
-            ),
+            )
         ]
+        if self.registry is not None:
+            bindings.append(
+                ServiceBinding(
+                    servicer=RewardAdminServicer(self.registry),
+                    add_to_server=reward_pb2_grpc.add_RewardAdminServiceServicer_to_server,
+                    descriptor=reward_pb2.DESCRIPTOR.services_by_name["RewardAdminService"],
+                    collectors=(ModelMetrics(self.registry),),
+                )
+            )
+        return bindings
 
     async def close(self) -> None:
-        await self.registry.close()
+        if self.registry is not None:
+            await self.registry.close()
         await self.pool.close()
 
 
@@ -73,13 +89,23 @@ async def start_reward_service(settings: RewardSettings) -> RewardService:
     sandbox and loads the preconfigured models."""
     pool = MathVerifyPool(settings.mathverify)
     await pool.start()
-    registry = ModelRegistry(settings.models)
+    if ModelRegistry is None:
+        log.warning("reward models unavailable: torch/transformers are not installed (slim image)")
+        if settings.models.preload:
+            raise ConfigError(
+                "models.preload: reward models need torch and transformers (the `reward` extra)"
+            )
+        registry = None
+    else:
+        registry = ModelRegistry(settings.models)
     try:
         sandbox, available, status = await open_sandbox(settings)
-        await registry.start()
+        if registry is not None:
+            await registry.start()
     except BaseException:
         await pool.close()
-        await registry.close()
+        if registry is not None:
+            await registry.close()
         raise
     scorer = Scorer(
         builtin_rewards(pool, sandbox, available, status),

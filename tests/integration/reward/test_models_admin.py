@@ -4,6 +4,7 @@ under Score load with zero failed calls."""
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 
 import grpc
 import pytest
@@ -48,7 +49,7 @@ async def server(tiny_models):
         }
     )
     service = await start_reward_service(settings)
-    config = ServerConfig(host="127.0.0.1", port=0, admin_token=TOKEN, grace_period_s=1)
+    config = ServerConfig(host="127.0.0.1", port=0, admin_token=TOKEN, grace_period_s=1, metrics_port=0)
     async with GrpcServer(config, service.bindings(), on_shutdown=service.close) as running:
         yield running
 
@@ -221,3 +222,17 @@ async def test_hot_swap_under_score_load(server, tiny_models, second_prm):
     assert failures == []
     assert versions == [3, 4, 5, 6] and listed["swap"].version == 6
     assert len(seen) >= 24 and set(seen) == {0, 1}
+
+
+async def test_model_metrics_are_exported_beside_the_rpc_metrics(server):
+    async with _channel(server) as channel:
+        await reward_pb2_grpc.RewardServiceStub(channel).Score(_score_request("prm:steps"))
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
+    forwards = [
+        line
+        for line in text.splitlines()
+        if line.startswith('grpo_reward_model_forwards_total{model="prm:steps"}')
+    ]
+    assert forwards and float(forwards[0].split()[-1]) >= 1
+    assert 'grpo_rpc_requests_total{code="OK",method="Score"' in text
