@@ -1,0 +1,114 @@
+"""Job setup without services: GRPOConfig mapping, precision, quantization/checkpoint errors, CLI exits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from trainer_service.cli import main
+from trainer_service.config import ConfigError, parse_config
+from trainer_service.job import (
+    build_grpo_config,
+    build_model,
+    precision_flags,
+    quantization_config,
+    resolve_checkpoint,
+    run_job,
+)
+
+
+def config(tmp_path, **training):
+    return parse_config(
+        {
+            "base": "tests/assets/models/policy",
+            "output": str(tmp_path / "out"),
+            "experiment_name": "exp",
+            "data": {"train": "t.jsonl", "max_length": 64},
+            "training": training,
+        }
+    )
+
+
+def test_grpo_config_on_cpu(tmp_path):
+    args = build_grpo_config(
+        config(
+            tmp_path,
+            reward_fn="accuracy:2.0,format:0.5",
+            batch_size=8,
+            num_generations=4,
+            grpo_variant="gspo",
+            grpo_beta=0.04,
+            save_steps=5,
+            max_steps=7,
+            report_to="none",
+            seed=3,
+        ),
+        "cpu",
+    )
+    assert args.use_cpu and not args.bf16 and not args.fp16
+    assert args.output_dir == str(tmp_path / "out" / "exp")
+    assert args.per_device_train_batch_size == 8 and args.num_generations == 4
+    assert args.reward_weights == [2.0, 0.5]
+    assert args.remove_unused_columns is False
+    assert args.importance_sampling_level == "sequence" and args.loss_type == "grpo"
+    assert args.beta == 0.04 and args.seed == 3 and args.max_steps == 7
+    assert args.save_strategy == "steps" and args.save_steps == 5
+    assert args.max_completion_length == 64  # data.max_length when max_completion_length is unset
+
+
+def test_equal_weights_leave_reward_weights_unset_and_no_saves(tmp_path):
+    args = build_grpo_config(config(tmp_path, reward_fn="accuracy,format"), "cpu")
+    assert args.reward_weights is None
+    assert args.save_strategy == "no"
+
+
+def test_precision_on_cpu_is_fp32():
+    assert precision_flags("cpu") == {"bf16": False, "fp16": False}
+
+
+@pytest.mark.parametrize("mode", ["4bit", "8bit"])
+def test_quantization_on_cpu_is_a_clear_error(tmp_path, mode):
+    with pytest.raises(ConfigError) as caught:
+        quantization_config(config(tmp_path, quantization=mode), "cpu", torch.float16)
+    assert caught.value.key == "training.quantization"
+    assert "needs a CUDA GPU" in str(caught.value)
+    assert quantization_config(config(tmp_path), "cpu", torch.float16) is None
+
+
+def test_lora_variants_and_full_finetune(tmp_path, tiny_models):
+    lora = {"r": 4, "alpha": 8, "use_dora": True, "use_rslora": True}
+    dora = build_model(config(tmp_path, lora=lora), "cpu")
+    peft_config = dora.peft_config["default"]
+    assert peft_config.use_dora and peft_config.use_rslora and peft_config.r == 4
+    trainable = [name for name, p in dora.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in name for name in trainable)
+    full = build_model(config(tmp_path, lora={"r": 0}), "cpu")
+    assert not hasattr(full, "peft_config")
+    assert all(p.dtype == torch.float32 for p in full.parameters())
+
+
+def test_resolve_checkpoint(tmp_path):
+    cfg = config(tmp_path)
+    assert resolve_checkpoint(cfg, resume=True) is None  # nothing saved yet: start fresh
+    (cfg.output_dir / "checkpoint-2").mkdir(parents=True)
+    (cfg.output_dir / "checkpoint-10").mkdir()
+    assert resolve_checkpoint(cfg, resume=True).endswith("checkpoint-10")
+    assert resolve_checkpoint(cfg, resume=False) is None
+    with pytest.raises(ConfigError) as caught:
+        resolve_checkpoint(config(tmp_path, resume_from_checkpoint=str(tmp_path / "nope")), resume=False)
+    assert caught.value.key == "training.resume_from_checkpoint"
+
+
+def test_cli_train_config_error_exits_2_naming_key(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text(json.dumps({"base": "m", "data": {"train": "t"}, "training": {"lora": {"r": -2}}}))
+    assert main(["train", str(path)]) == 2
+    assert "training.lora.r" in capsys.readouterr().err
+
+
+def test_async_rollout_is_refused_not_ignored(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        run_job(config(tmp_path, async_rollout=True))
+    assert caught.value.key == "training.async_rollout"

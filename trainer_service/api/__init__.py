@@ -1,0 +1,1 @@
+"""gRPC layer of the trainer service: the servicer and protobuf ↔ domain converters."""

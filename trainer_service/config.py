@@ -1,0 +1,323 @@
+"""Training-run configuration: the YAML a user writes, validated with pydantic.
+
+Key names follow the seed trainer (``base``, ``output``, ``data.train``, ``training.lr``,
+``training.reward_fn``, ``training.lora.r`` ...) plus a ``services`` block with the reward and rollout
+addresses. Every model forbids unknown keys, and every error names the dotted key it is about
+(``training.lora.r: ...``).
+
+Example::
+
+    base: tests/assets/models/policy
+    output: runs
+    experiment_name: demo
+    data: {train: data/train.jsonl, max_prompt_length: 128}
+    training:
+      max_steps: 50
+      batch_size: 8            # completions per device per micro-step (TRL counts completions)
+      num_generations: 4
+      reward_fn: "accuracy:1.0,format:0.2"
+      lora: {r: 8, alpha: 16}
+    services: {reward: 127.0.0.1:50051, rollout: 127.0.0.1:50052}
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trainer_service.variant_trainer import VariantConfigError, validate_variant_params
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the dotted key (``training.lr: must be > 0``)."""
+
+    def __init__(self, message: str, key: str | None = None):
+        self.key = key
+        super().__init__(f"{key}: {message}" if key else message)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Strict):
+    """Where prompts come from and how long they may be.
+
+    ``train``/``eval``: a local JSONL, JSON or Parquet file, or a directory written by
+    ``datasets.Dataset.save_to_disk`` (a ``DatasetDict`` directory takes its ``train``/``test`` split).
+    ``format``: ``auto`` detects per row; the others force one of the seed's layouts.
+    """
+
+    train: str
+    eval: str | None = None
+    format: Literal["auto", "messages", "prompt", "dpo", "alpaca"] = "auto"
+    # Longest prompt + completion in tokens, as in the seed; also the default completion length.
+    max_length: int = Field(default=512, ge=8)
+    # Prompts longer than this many tokens are rejected by the data check (None = no limit).
+    max_prompt_length: int | None = Field(default=None, ge=1)
+
+
+class LoraConfig(_Strict):
+    """PEFT adapter settings; ``r: 0`` trains all weights instead (full fine-tuning)."""
+
+    r: int = Field(default=16, ge=0)
+    alpha: float = Field(default=32.0, gt=0)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    # "all-linear" (PEFT's shortcut) or explicit module names.
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    use_dora: bool = False
+    use_rslora: bool = False
+
+
+class RewardTerm(_Strict):
+    """One reward function of the sum ``R = Σ weight·value`` (TRL ``reward_weights``)."""
+
+    name: str
+    weight: float = 1.0
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrainingConfig(_Strict):
+    """GRPO hyperparameters (TRL names in comments where they differ)."""
+
+    epochs: float = Field(default=1.0, gt=0)  # num_train_epochs
+    # Optimizer steps; -1 = derived from epochs.
+    max_steps: int = Field(default=-1, ge=-1)
+    lr: float = Field(default=1e-5, gt=0)  # learning_rate
+    # Completions (not prompts) per device per micro-step: TRL per_device_train_batch_size.
+    batch_size: int = Field(default=8, ge=1)
+    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    # Completions per prompt (the group size G); G >= 2 or group advantages are all zero.
+    num_generations: int = Field(default=4, ge=2)
+    grpo_beta: float = Field(default=0.0, ge=0.0)  # KL coefficient β
+    # Loss variant by name (see trainer_service.variant_trainer); "standard" = TRL's default loss.
+    grpo_variant: str = "standard"
+    grpo_delta: float | None = Field(default=None, gt=0)
+    grpo_epsilon: float = Field(default=0.2, gt=0)
+    grpo_epsilon_high: float | None = Field(default=None, gt=0)
+    # Extra variant parameters (validated by the variant module).
+    variant_params: dict[str, Any] = Field(default_factory=dict)
+    temperature: float = Field(default=1.0, gt=0)
+    top_p: float = Field(default=1.0, gt=0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    # None = data.max_length.
+    max_completion_length: int | None = Field(default=None, ge=1)
+    # "accuracy,format" or "accuracy:2.0,format:0.5"; a loaded model is "prm:NAME" / "orm:NAME".
+    reward_fn: str = "accuracy"
+    # Per-reward parameters, by reward name: {"length": {"max_len": 64}}.
+    reward_params: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # Name of a PRM loaded on the reward service; when set it REPLACES reward_fn (as in the seed).
+    prm_reward: str | None = None
+    prm_aggregate: Literal["min", "prod", "last", "mean"] = "min"
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    quantization: Literal["none", "4bit", "8bit"] = "none"
+    # Trainer and rollout share one accelerator: wake → push → generate → sleep around each generation.
+    vllm_sleep_mode: bool = False
+    sleep_level: Literal[1, 2] = 1
+    logging_steps: int = Field(default=1, ge=1)
+    # Checkpoint every this many optimizer steps; 0 = only the final save.
+    save_steps: int = Field(default=0, ge=0)
+    save_total_limit: int | None = Field(default=3, ge=1)
+    seed: int = 42
+    report_to: str | list[str] = "none"
+    # A checkpoint directory, or true = the newest checkpoint in the output dir.
+    resume_from_checkpoint: str | bool | None = None
+    # Passed through to TRL/accelerate for multi-GPU runs (launch with `accelerate launch`).
+    deepspeed_config: str | dict[str, Any] | None = None
+    fsdp_config: dict[str, Any] | None = None
+    # Overlap generation of the next batch with the optimizer step (bounded by max_staleness versions).
+    async_rollout: bool = False
+    max_staleness: int = Field(default=1, ge=0)
+    # Push weights to the rollout service after each optimizer step (turn off only to prove it matters).
+    weight_sync: bool = True
+    # Evaluate on data.eval every this many optimizer steps; 0 = never.
+    eval_steps: int = Field(default=0, ge=0)
+    # Recompute activations in backward to save memory (slower; worth it for large models only).
+    gradient_checkpointing: bool = False
+    warmup_ratio: float = Field(default=0.0, ge=0.0, lt=1.0)
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    lr_scheduler_type: str = "constant"
+    optim: str = "adamw_torch"
+    # Force a device ("cpu", "cuda"); None = cuda when available.
+    device: Literal["cpu", "cuda"] | None = None
+    # Per-request generation seed base (step-dependent); None = nondeterministic sampling.
+    generation_seed: int | None = None
+
+    @field_validator("reward_fn")
+    @classmethod
+    def _reward_fn_parses(cls, value: str) -> str:
+        parse_reward_fn(value)
+        return value
+
+    @field_validator("report_to")
+    @classmethod
+    def _report_to_known(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and not value:
+            raise ValueError("must name at least one integration or be 'none'")
+        return value
+
+    @property
+    def reward_terms(self) -> list[RewardTerm]:
+        """The reward functions and weights this run scores with (``prm_reward`` replaces ``reward_fn``)."""
+        if self.prm_reward is not None:
+            params = {"aggregate": self.prm_aggregate, **self.reward_params.get(self.prm_reward, {})}
+            return [RewardTerm(name=f"prm:{self.prm_reward}", weight=1.0, params=params)]
+        return [
+            RewardTerm(name=name, weight=weight, params=self.reward_params.get(name, {}))
+            for name, weight in parse_reward_fn(self.reward_fn)
+        ]
+
+
+class ServicesConfig(_Strict):
+    """Addresses of the reward and rollout services; unset = spawn local ones on free loopback ports."""
+
+    reward: str | None = None
+    rollout: str | None = None
+    admin_token: str | None = None
+    admin_token_file: str | None = None
+    tls_ca_file: str | None = None
+    # Engine and model of a locally spawned rollout service (model None = the config's base).
+    rollout_engine: Literal["hf", "vllm"] = "hf"
+    rollout_model: str | None = None
+    # Seconds to wait for a spawned service to report SERVING.
+    startup_timeout_s: float = Field(default=180.0, gt=0)
+    # Deadline of one Generate / Score call, seconds.
+    request_timeout_s: float = Field(default=300.0, gt=0)
+    # How long a step keeps retrying (with backoff) while the rollout service is down, seconds.
+    retry_timeout_s: float = Field(default=300.0, ge=0)
+
+    @model_validator(mode="after")
+    def _one_token_source(self) -> ServicesConfig:
+        if self.admin_token is not None and self.admin_token_file is not None:
+            raise ValueError("set admin_token or admin_token_file, not both")
+        return self
+
+    def resolved_admin_token(self) -> str | None:
+        """The admin token from the config, its file, or None."""
+        if self.admin_token_file is not None:
+            return Path(self.admin_token_file).read_text().strip()
+        return self.admin_token
+
+
+class RunConfig(_Strict):
+    """A whole training run."""
+
+    base: str
+    output: str = "runs"
+    experiment_name: str | None = None
+    data: DataConfig
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    services: ServicesConfig = Field(default_factory=ServicesConfig)
+
+    @property
+    def output_dir(self) -> Path:
+        """``output/experiment_name`` (or ``output`` alone): metrics.jsonl, checkpoints, adapter, curve."""
+        out = Path(self.output)
+        return out / self.experiment_name if self.experiment_name else out
+
+    @property
+    def max_completion_length(self) -> int:
+        return self.training.max_completion_length or self.data.max_length
+
+
+def parse_reward_fn(spec: str) -> list[tuple[str, float]]:
+    """Parse ``"accuracy,format"`` or ``"accuracy:2.0,format:0.5"`` into ``[(name, weight), ...]``.
+
+    A trailing ``:number`` is the weight (default 1.0); other colons belong to the name, so ``prm:math`` is a
+    name and ``prm:math:0.5`` is that name with weight 0.5. Names must be unique and the weights finite.
+    """
+    terms: list[tuple[str, float]] = []
+    for index, raw in enumerate(spec.split(",")):
+        part = raw.strip()
+        if not part:
+            raise ValueError(f"entry {index} is empty (expected 'name' or 'name:weight')")
+        name, weight = part, 1.0
+        head, sep, tail = part.rpartition(":")
+        if sep:
+            try:
+                weight = float(tail)
+            except ValueError:
+                pass  # not a number: the colon is part of the name (prm:NAME)
+            else:
+                name = head.strip()
+                if not name:
+                    raise ValueError(f"entry {index} {part!r} has a weight but no reward name")
+                if not math.isfinite(weight):
+                    raise ValueError(f"entry {index} {part!r} has a non-finite weight")
+        if name in {existing for existing, _ in terms}:
+            raise ValueError(f"reward {name!r} is listed twice")
+        terms.append((name, weight))
+    return terms
+
+
+def _check_cross_fields(config: RunConfig) -> None:
+    """Rules that span several keys; each error names the key to change."""
+    t = config.training
+    generation_batch = t.batch_size * t.gradient_accumulation_steps
+    if generation_batch % t.num_generations:
+        # TRL: generation_batch_size = batch_size × processes × GA must be divisible by G.
+        raise ConfigError(
+            f"batch_size × gradient_accumulation_steps = {generation_batch} must be a multiple of "
+            f"training.num_generations ({t.num_generations}); the batch counts completions, not prompts",
+            key="training.batch_size",
+        )
+    try:
+        validate_variant_params(
+            t.grpo_variant,
+            grpo_delta=t.grpo_delta,
+            epsilon=t.grpo_epsilon,
+            epsilon_high=t.grpo_epsilon_high,
+            params=t.variant_params,
+        )
+    except VariantConfigError as exc:
+        raise ConfigError(str(exc).removeprefix(f"{exc.key}: "), key=f"training.{exc.key}") from exc
+    if config.data.max_prompt_length is not None and config.data.max_prompt_length >= config.data.max_length:
+        raise ConfigError(
+            f"must be < data.max_length ({config.data.max_length})", key="data.max_prompt_length"
+        )
+    if t.vllm_sleep_mode and t.async_rollout:
+        raise ConfigError(
+            "cannot be combined with training.async_rollout: a sleeping engine cannot generate during the "
+            "optimizer step",
+            key="training.vllm_sleep_mode",
+        )
+
+
+def parse_config(source: str | dict[str, Any]) -> RunConfig:
+    """Validate a config from YAML text or a dict; raise ConfigError naming the dotted key."""
+    if isinstance(source, str):
+        try:
+            raw: Any = yaml.safe_load(source)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"not valid YAML: {exc}") from exc
+    else:
+        raw = source
+    if not isinstance(raw, dict):
+        raise ConfigError("the config must be a mapping of keys to values")
+    try:
+        config = RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(part) for part in first["loc"]) or "config"
+        message = {"extra_forbidden": "unknown key", "missing": "required key is missing"}.get(
+            first["type"], first["msg"].removeprefix("Value error, ")
+        )
+        more = len(exc.errors()) - 1
+        suffix = f" (and {more} more error{'s' if more > 1 else ''})" if more else ""
+        raise ConfigError(message + suffix, key=key) from exc
+    _check_cross_fields(config)
+    return config
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read and validate a YAML config file (see :func:`parse_config`)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file {str(file)!r} does not exist")
+    return parse_config(file.read_text())

@@ -1,0 +1,155 @@
+"""Start reward and rollout services as local subprocesses on free loopback ports, and stop them.
+
+Used by ``python -m trainer_service demo``, by ``train`` when ``services.reward``/``services.rollout`` are
+unset, and by tests. Each service is the real ``python -m reward_service`` / ``python -m rollout_service``
+process; it is ready when its gRPC health check reports SERVING. ``HF_HUB_OFFLINE=1`` is set so nothing is
+downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it; the service binds it right after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_serving(target: str, process: subprocess.Popen | None, timeout_s: float, name: str) -> None:
+    """Poll the gRPC health check of ``target`` until SERVING; raise if the process dies or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if process is not None and process.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {process.returncode} before it was ready")
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+                last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            except grpc.RpcError as error:
+                last = error.code().name
+            time.sleep(0.2)
+    raise TimeoutError(f"{name} at {target} was not SERVING within {timeout_s:.0f} s (last: {last})")
+
+
+@dataclass
+class ServiceProcess:
+    """A started service: its process, address and log file."""
+
+    name: str
+    process: subprocess.Popen
+    target: str
+    log_path: Path | None = None
+
+    def stop(self, grace_s: float = 15.0) -> int:
+        """SIGTERM, wait up to ``grace_s`` (the service drains its RPCs), then SIGKILL. Returns the exit
+        code.
+        """
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return int(self.process.returncode)
+
+
+def spawn_service(
+    module: str,
+    args: Sequence[str] = (),
+    *,
+    port: int | None = None,
+    log_dir: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> ServiceProcess:
+    """Run ``python -m MODULE --host 127.0.0.1 --port P ARGS`` without waiting for it to be ready."""
+    port = port or free_port()
+    target = f"127.0.0.1:{port}"
+    child_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
+    log_path = None
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = log_dir / f"{module}.log"
+        stream = log_path.open("ab")
+    else:
+        stream = subprocess.DEVNULL
+    command = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port), *args]
+    process = subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=child_env)
+    return ServiceProcess(name=module, process=process, target=target, log_path=log_path)
+
+
+def start_service(
+    module: str, args: Sequence[str] = (), *, startup_timeout_s: float = 180.0, **kwargs
+) -> ServiceProcess:
+    """:func:`spawn_service`, then wait until it is SERVING (stopping it if it never is)."""
+    service = spawn_service(module, args, **kwargs)
+    try:
+        wait_serving(service.target, service.process, startup_timeout_s, module)
+    except BaseException:
+        service.stop(grace_s=5.0)
+        raise
+    return service
+
+
+@dataclass
+class LocalServices:
+    """Reward and rollout services started for one run; a context manager that stops them on exit."""
+
+    reward: ServiceProcess | None = None
+    rollout: ServiceProcess | None = None
+
+    def __enter__(self) -> LocalServices:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for service in (self.rollout, self.reward):
+            if service is not None:
+                service.stop()
+
+
+def start_local_services(
+    *,
+    need_reward: bool,
+    need_rollout: bool,
+    model: str | Path,
+    engine: str = "hf",
+    log_dir: Path | None = None,
+    env: dict[str, str] | None = None,
+    startup_timeout_s: float = 180.0,
+) -> LocalServices:
+    """Start the services a run lacks, side by side, and wait until each is SERVING."""
+    services = LocalServices()
+    try:
+        if need_reward:
+            services.reward = spawn_service("reward_service", log_dir=log_dir, env=env)
+        if need_rollout:
+            rollout_args = ["--model", str(model), "--engine", engine]
+            services.rollout = spawn_service("rollout_service", rollout_args, log_dir=log_dir, env=env)
+        for service in (services.reward, services.rollout):
+            if service is not None:
+                wait_serving(service.target, service.process, startup_timeout_s, service.name)
+    except BaseException:
+        services.close()
+        raise
+    return services
