@@ -36,7 +36,9 @@ from pathlib import Path
 import torch
 from transformers import Qwen2ForTokenClassification
 
-from reward_service.models import ModelKind, ModelRegistry, ModelSettings, ModelSpec
+from reward_service.models.registry import ModelRegistry
+from reward_service.models.settings import ModelSettings
+from reward_service.models.spec import ModelKind, ModelSpec
 from reward_service.types import Message, Sample
 from tiny_models.make import make_all, qwen2_config
 from tiny_models.tokenizer import build_tokenizer

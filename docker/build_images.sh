@@ -17,12 +17,25 @@ if [ "$flavour" = cpu ]; then
         base=grpo-services/base:bookworm
         docker/build_base.sh "$base"
     fi
-    docker/build_wheelhouse.sh
-    build() {  # name dockerfile [build args...]
+    # Images carry the hash of the sources they were built from; an image whose label matches is reused.
+    source=$(git ls-files -z -- pyproject.toml gen grpo_runtime reward_service rollout_service \
+        trainer_service tiny_models models/demo data/demo docker | xargs -0 sha256sum | sha256sum | cut -c1-16)
+    current() { [ "$(docker image inspect -f '{{index .Config.Labels "grpo.source"}}' "$1" 2>/dev/null)" = "$source" ]; }
+    prepared=0
+    build() {  # tag dockerfile [build args...]
         local tag=$1 file=$2
         shift 2
+        if current "$tag"; then
+            echo "$tag is up to date"
+            return
+        fi
+        if [ "$prepared" = 0 ]; then
+            docker/build_wheelhouse.sh
+            prepared=1
+        fi
         echo "building $tag"
-        docker build -q --network=none -f "$file" --build-arg BASE_IMAGE="$base" "$@" -t "$tag" . >/dev/null
+        docker build -q --network=none -f "$file" --build-arg BASE_IMAGE="$base" --label "grpo.source=$source" \
+            "$@" -t "$tag" . >/dev/null
     }
     build grpo-services/reward:cpu docker/reward.cpu.Dockerfile
     build grpo-services/reward:cpu-slim docker/reward.cpu.Dockerfile --build-arg EXTRA=reward-slim

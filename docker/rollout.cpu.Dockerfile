@@ -25,6 +25,8 @@ LABEL org.opencontainers.image.title="grpo-services rollout" \
 RUN useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin grpo
 COPY --from=build /opt/venv /opt/venv
 COPY models/demo /opt/grpo/models/demo
+# Readable by the non-root user whatever the modes in the build context.
+RUN chmod -R a+rX /opt/grpo
 # No C++ compiler in the image: vLLM runs eager, without torch inductor (ENVIRONMENT.md).
 ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     HOME=/tmp HF_HOME=/tmp/hf HF_HUB_OFFLINE=1 TORCHDYNAMO_DISABLE=1 VLLM_CPU_KVCACHE_SPACE=1

@@ -27,6 +27,8 @@ LABEL org.opencontainers.image.title="grpo-services rollout (cuda)" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /opt/venv /opt/venv
 COPY models/demo /opt/grpo/models/demo
+# Readable by the non-root user whatever the modes in the build context.
+RUN chmod -R a+rX /opt/grpo
 ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     HOME=/tmp HF_HOME=/tmp/hf HF_HUB_OFFLINE=1
 USER 10001

@@ -22,6 +22,8 @@ RUN useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin grpo
 COPY --from=build /opt/venv /opt/venv
 COPY models/demo /opt/grpo/models/demo
 COPY data/demo /opt/grpo/data/demo
+# Readable by the non-root user whatever the modes in the build context.
+RUN chmod -R a+rX /opt/grpo
 ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     HOME=/tmp HF_HOME=/tmp/hf HF_HUB_OFFLINE=1 MPLCONFIGDIR=/tmp/matplotlib
 USER 10001

@@ -64,6 +64,9 @@ def _save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, out: Path)
         model.generation_config.eos_token_id = tokenizer.eos_token_id
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.generation_config.save_pretrained(out)
+    # safetensors writes 0600 files; containers read the models as a non-root user.
+    for path in out.iterdir():
+        path.chmod(0o644)
     return out
 
 

@@ -8,9 +8,11 @@ import time
 import pytest
 
 from grpo_runtime.errors import Unavailable
-from reward_service.models import ModelKind, ModelRegistry, ModelSettings, ModelSpec
 from reward_service.models.batcher import DynamicBatcher, padded_cost, split_by_cost
 from reward_service.models.engine import Encoded
+from reward_service.models.registry import ModelRegistry
+from reward_service.models.settings import ModelSettings
+from reward_service.models.spec import ModelKind, ModelSpec
 from reward_service.types import Message, Sample
 
 

@@ -6,8 +6,10 @@ import asyncio
 
 from prometheus_client import CollectorRegistry
 
-from reward_service.models import ModelKind, ModelRegistry, ModelSettings, ModelSpec
 from reward_service.models.metrics import ModelMetrics
+from reward_service.models.registry import ModelRegistry
+from reward_service.models.settings import ModelSettings
+from reward_service.models.spec import ModelKind, ModelSpec
 from reward_service.types import Sample
 
 
