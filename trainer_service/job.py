@@ -46,6 +46,7 @@ from trl import GRPOConfig
 from grpo_runtime.client import ChannelConfig
 from reward_service.client import RewardClient
 from rollout_service.client import RolloutClient
+from trainer_service.async_rollout import AsyncServiceRollout
 from trainer_service.callbacks import METRICS_FILE, MetricsCallback, StopCallback, StopFlag, plot_reward_curve
 from trainer_service.config import ConfigError, RewardTerm, RunConfig
 from trainer_service.data import REWARD_METADATA, check_prompt_lengths, read_split, to_dataset
@@ -320,13 +321,9 @@ def run_job(
     """Train one run to completion (or until ``stop_flag`` is set); emits events to ``sink``."""
     # rollout_func is marked experimental in TRL; the warning says nothing actionable here.
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    if config.training.async_rollout:
-        # Overlapping generation with the optimizer step needs a generation loop this trainer does not have;
-        # refuse rather than silently train synchronously.
-        raise ConfigError(
-            "is not supported by this trainer build (generation runs in step with the optimizer)",
-            key="training.async_rollout",
-        )
+    if config.training.async_rollout and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # The lookahead reads this process's sampler; other ranks would prefetch different prompts.
+        raise ConfigError("supports single-process runs only", key="training.async_rollout")
     # Read the data first: a missing file or a malformed row fails before any service is started.
     rows = {split: read_split(config.data, split=split) for split in ("train", "eval")}
     device = resolve_device(config)
@@ -387,13 +384,15 @@ def _train(
     sync = WeightSync(
         rollout_client, enabled=t.weight_sync, sleep_mode=t.vllm_sleep_mode, sleep_level=t.sleep_level
     )
-    rollout = ServiceRollout(
+    rollout: ServiceRollout | AsyncServiceRollout = ServiceRollout(
         rollout_client,
         sync,
         SamplingConfig.from_run(config),
         t.num_generations,
         retry_timeout_s=config.services.retry_timeout_s,
     )
+    if t.async_rollout:
+        rollout = AsyncServiceRollout(rollout, t.max_staleness)
 
     stop = StopCallback(stop_flag)
     sync_callback = WeightSyncCallback(sync)
@@ -414,12 +413,15 @@ def _train(
                 extra=lambda: {
                     "policy_version": rollout.last_version,
                     "weight_sync/push_seconds": sync.last_push_seconds if sync.pushes else None,
+                    **(rollout.metrics() if isinstance(rollout, AsyncServiceRollout) else {}),
                 },
             ),
             stop,
         ],
     )
     sync_callback.trainer = trainer
+    if isinstance(rollout, AsyncServiceRollout):
+        rollout.attach(trainer)
     # Our progress bar / events replace TRL's printed log dicts.
     trainer.remove_callback(PrinterCallback)
 

@@ -15,7 +15,6 @@ from trainer_service.job import (
     precision_flags,
     quantization_config,
     resolve_checkpoint,
-    run_job,
 )
 
 
@@ -106,9 +105,3 @@ def test_cli_train_config_error_exits_2_naming_key(tmp_path, capsys):
     path.write_text(json.dumps({"base": "m", "data": {"train": "t"}, "training": {"lora": {"r": -2}}}))
     assert main(["train", str(path)]) == 2
     assert "training.lora.r" in capsys.readouterr().err
-
-
-def test_async_rollout_is_refused_not_ignored(tmp_path):
-    with pytest.raises(ConfigError) as caught:
-        run_job(config(tmp_path, async_rollout=True))
-    assert caught.value.key == "training.async_rollout"

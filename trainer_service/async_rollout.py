@@ -1,0 +1,248 @@
+"""Async rollout: generate step s+1's completions while the trainer scores, backpropagates and steps on s.
+
+Design (single process):
+
+* **Which prompts come next.** TRL draws prompts through the train DataLoader, and accelerate's
+  ``DataLoaderShard`` always pulls one batch ahead of the one it yields. :class:`RecordingSampler` wraps the
+  trainer's sampler (an instance-level ``_get_train_sampler`` hook, :meth:`AsyncServiceRollout.attach`) and
+  appends every index it hands out to a queue, so when TRL calls ``rollout_func`` for step s the indices of
+  step s+1 are already known. No TRL semantics change: the same rows, in the same order, reach the loss.
+* **Overlap.** ``rollout_func(prompts_s)`` returns step s's completions, then starts a background thread that
+  asks the rollout service for step s+1's prompts. That generation runs during step s's reward scoring, loss,
+  backward, optimizer step and weight push (``on_step_end``), which is the time a synchronous loop waits.
+* **Versions and the staleness bound.** Every completion carries the ``policy_version`` of the weights that
+  produced it. At consumption the trainer's version is ``c`` = the version it pushed last (the weights after
+  ``s`` optimizer steps). A prefetched batch whose oldest completion has version ``v`` is trained on only if
+  ``c - v <= max_staleness`` (and ``v <= c``: newer means foreign weights); otherwise all of it is dropped,
+  counted in ``async/stale_dropped``, and step s is regenerated synchronously with version ``c`` exactly.
+  With ``max_staleness: 1`` the usual case is ``v = c - 1`` (generated while step s-1's weights were being
+  pushed) and is accepted; ``max_staleness: 0`` drops every prefetch that raced a push, so it trains exactly
+  like the synchronous loop (at the cost of the wasted generation).
+* **Importance sampling.** The rollout logprobs (under the generating version's weights) are returned to TRL,
+  whose importance-sampling correction (``vllm_importance_sampling_correction`` in the variant trainer)
+  reweights the loss by ``π_θ / π_rollout`` per token, which is what makes a 1-step-stale batch unbiased.
+* **Failures.** A prefetch that fails (service down, restarted) or whose prompts do not match what TRL asks
+  for (resume skipping batches, epoch boundary) is a miss: the step generates synchronously through
+  :class:`ServiceRollout`, which waits with backoff and re-pushes the weights.
+
+Multi-process runs and vLLM sleep mode are refused by the config: the lookahead is per process and a
+sleeping engine cannot generate during the optimizer step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils.data import Sampler
+
+from trainer_service.rollout import ServiceRollout
+
+log = logging.getLogger(__name__)
+
+
+def prompt_key(prompt: Any) -> str:
+    """A hashable, order-stable identity of one prompt (message list or string)."""
+    return json.dumps(prompt, sort_keys=True, default=str)
+
+
+class RecordingSampler(Sampler):
+    """Yield the wrapped sampler's indices unchanged and append each to ``issued`` as it is handed out."""
+
+    def __init__(self, inner: Sampler, issued: deque[int]):
+        self.inner = inner
+        self.issued = issued
+
+    def __iter__(self) -> Iterator[int]:
+        for index in self.inner:
+            self.issued.append(int(index))
+            yield index
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        # set_epoch, seed, ... of the wrapped sampler.
+        return getattr(self.inner, name)
+
+
+@dataclass(frozen=True)
+class StalenessDecision:
+    """Whether a prefetched batch may be trained on at trainer version ``current``."""
+
+    accept: bool
+    staleness: int  # current - oldest version in the batch (negative = newer than the trainer's weights)
+
+
+def judge_staleness(versions: list[int], current: int, max_staleness: int) -> StalenessDecision:
+    """Accept iff every version ``v`` satisfies ``0 <= current - v <= max_staleness``.
+
+    ``staleness`` = ``current - min(versions)``; a version above ``current`` (weights the trainer never
+    pushed) is refused whatever the bound.
+    """
+    if not versions:
+        raise ValueError("a batch without completions has no version")
+    staleness = current - min(versions)
+    fresh_enough = staleness <= max_staleness and max(versions) <= current
+    return StalenessDecision(accept=fresh_enough, staleness=staleness)
+
+
+@dataclass
+class AsyncStats:
+    """Counters written to metrics.jsonl (cumulative over the run, except ``staleness``)."""
+
+    prefetch_hits: int = 0
+    prefetch_misses: int = 0
+    stale_dropped: int = 0  # completions generated but never trained on (too stale)
+    staleness: int = 0  # staleness of the latest trained batch, in versions
+    max_staleness_seen: int = 0
+
+
+class AsyncServiceRollout:
+    """``rollout_func`` that overlaps the next step's generation with the current optimizer step.
+
+    ``inner`` is the synchronous :class:`ServiceRollout` (client, weight sync, sampling); this class adds the
+    lookahead, the background generation and the staleness bound ``max_staleness`` (versions).
+    """
+
+    def __init__(self, inner: ServiceRollout, max_staleness: int):
+        if max_staleness < 0:
+            raise ValueError("max_staleness must be >= 0")
+        self.inner = inner
+        self.max_staleness = max_staleness
+        self.stats = AsyncStats()
+        self.issued: deque[int] = deque()
+        self._prompt_of: Any = None  # index -> prompt, set by attach()
+        self._pending: tuple[list[str], Future] | None = None
+        # Version of the weights the latest trained batch was checked against.
+        self.trainer_version: int | None = None
+
+    # -- wiring ---------------------------------------------------------------------------------------------
+    def attach(self, trainer: Any) -> None:
+        """Record the indices the trainer's train sampler issues (call before ``trainer.train()``)."""
+        original = trainer._get_train_sampler
+        dataset = trainer.train_dataset
+        self._prompt_of = lambda index: dataset[index]["prompt"]
+
+        def recording_sampler(*args: Any, **kwargs: Any) -> Sampler:
+            return RecordingSampler(original(*args, **kwargs), self.issued)
+
+        # Instance attribute: get_train_dataloader looks the method up on the instance at train() time.
+        trainer._get_train_sampler = recording_sampler
+
+    @property
+    def last_versions(self) -> list[int]:
+        return self.inner.last_versions
+
+    @property
+    def last_version(self) -> int | None:
+        """Oldest policy version among the completions of the latest trained batch."""
+        return min(self.inner.last_versions) if self.inner.last_versions else None
+
+    # -- the rollout_func -----------------------------------------------------------------------------------
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
+        keys = [prompt_key(p) for p in prompts]
+        step = int(trainer.state.global_step)
+        result = self._take_prefetched(keys, trainer)
+        if result is None:
+            result = self.inner(prompts, trainer)
+            self.trainer_version = self.inner.sync.current_version
+            self.stats.staleness = 0
+        self._start_prefetch(keys, step + 1)
+        return result
+
+    def _take_prefetched(self, keys: list[str], trainer: Any) -> dict[str, list] | None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            self.stats.prefetch_misses += 1
+            return None
+        expected_keys, future = pending
+        try:
+            completions = future.result()
+        except Exception as error:  # the sync path retries with backoff and reports what persists
+            log.warning("prefetched generation failed (%s); generating this step synchronously", error)
+            self.stats.prefetch_misses += 1
+            return None
+        if expected_keys != keys:
+            self.stats.prefetch_misses += 1
+            self.stats.stale_dropped += len(completions)
+            return None
+        sync = self.inner.sync
+        if sync.enabled and sync.push_pending:
+            # The last push failed (service restarting): the sync path waits, re-pushes and regenerates.
+            self.stats.prefetch_misses += 1
+            self.stats.stale_dropped += len(completions)
+            return None
+        current = sync.current_version
+        if not sync.enabled:
+            current = sync._service_version(trainer)
+            sync.current_version = current
+        versions = [int(c.policy_version) for c in completions]
+        decision = judge_staleness(versions, int(current), self.max_staleness)
+        if not decision.accept:
+            log.info(
+                "dropping %d prefetched completions: staleness %d > %d (or foreign version)",
+                len(completions),
+                decision.staleness,
+                self.max_staleness,
+            )
+            self.stats.stale_dropped += len(completions)
+            self.stats.prefetch_misses += 1
+            return None
+        self.stats.prefetch_hits += 1
+        self.stats.staleness = decision.staleness
+        self.stats.max_staleness_seen = max(self.stats.max_staleness_seen, decision.staleness)
+        self.trainer_version = int(current)
+        return self.inner.to_trl(completions, expected_version=None)
+
+    def _next_prompts(self, keys: list[str]) -> list[Any] | None:
+        """The prompts of the batch after the one whose keys are ``keys``, from the recorded indices."""
+        if self._prompt_of is None:
+            return None
+        size = len(keys)
+        # Drop indices consumed without a generation (resume skipping batches) until the queue starts with
+        # the current batch; give up when it is not there.
+        while len(self.issued) >= size:
+            window = [prompt_key(self._prompt_of(i)) for i in list(self.issued)[:size]]
+            if window == keys:
+                break
+            self.issued.popleft()
+        else:
+            return None
+        for _ in range(size):
+            self.issued.popleft()
+        if len(self.issued) < size:
+            return None
+        return [self._prompt_of(i) for i in list(self.issued)[:size]]
+
+    def _start_prefetch(self, keys: list[str], step: int) -> None:
+        prompts = self._next_prompts(keys)
+        if prompts is None:
+            return
+        future: Future = Future()
+
+        def generate() -> None:
+            try:
+                future.set_result(self.inner._generate(prompts, step))
+            except BaseException as error:  # handed to the consuming step
+                future.set_exception(error)
+
+        threading.Thread(target=generate, name=f"rollout-prefetch-{step}", daemon=True).start()
+        self._pending = ([prompt_key(p) for p in prompts], future)
+
+    def metrics(self) -> dict[str, float | None]:
+        """Extra metrics.jsonl fields of the latest step."""
+        return {
+            "async/prefetch_hits": self.stats.prefetch_hits,
+            "async/prefetch_misses": self.stats.prefetch_misses,
+            "async/stale_dropped": self.stats.stale_dropped,
+            "async/staleness": self.stats.staleness,
+            "async/max_staleness_seen": self.stats.max_staleness_seen,
+            "trainer_version": self.trainer_version,
+        }
