@@ -13,7 +13,12 @@ import re
 import tomllib
 from pathlib import Path
 
-IMAGES = {"reward": ["reward"], "reward-slim": ["reward-slim"], "rollout": ["rollout", "vllm"], "trainer": ["trainer"]}
+IMAGES = {
+    "reward": ["reward"],
+    "reward-slim": ["reward-slim"],
+    "rollout": ["rollout", "vllm"],
+    "trainer": ["trainer"],
+}
 _SELF = re.compile(r"^grpo-services\[(?P<extras>[^\]]+)\]$")
 
 

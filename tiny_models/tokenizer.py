@@ -31,11 +31,12 @@ _CORPUS = [
     "<think>\nadd the numbers\n</think>\n<answer>\n42\n</answer>",
     "First, read the question. Second, solve it. Next, check it. Finally, answer.",
     "def solve():\n    print(sum(map(int, input().split())))\n",
-    '```python\nx = int(input())\nprint(x * 2)\n```',
+    "```python\nx = int(input())\nprint(x * 2)\n```",
     '{"name": "Ada", "age": 36, "tags": ["math", "code"]}',
     "The quick brown fox jumps over the lazy dog. A reward model scores each step.",
     "system user assistant Please reason step by step, and put your final answer within \\boxed{}.",
-    "0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 + - * / = ( ) [ ] { } , . : ; ! ? #### $ \\frac{1}{2}",
+    "0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 + - * / = ( ) [ ] { } , . : ; ! ? "
+    "#### $ \\frac{1}{2}",
     "reverse the word hello: olleh. sort 3 1 2: 1 2 3. count the letters in cat: 3.",
 ]
 
