@@ -23,7 +23,7 @@ from typing import Any
 from grpo_runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from trainer_service.config import ConfigError, parse_config
 from trainer_service.events import JobEvent, RunState
-from trainer_service.worker import run_worker
+from trainer_service.worker import WORKER_LOG, run_worker
 
 _SPAWN = multiprocessing.get_context("spawn")
 
@@ -71,6 +71,13 @@ class _Run:
         )
 
 
+def _log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(unreadable: {exc})"
+
+
 class RunManager:
     """Starts, watches and stops runs. Create it inside the running event loop (the servicer's)."""
 
@@ -99,9 +106,10 @@ class RunManager:
                 )
         events = _SPAWN.Queue()
         stop_event = _SPAWN.Event()
+        output_dir.mkdir(parents=True, exist_ok=True)
         process = _SPAWN.Process(
             target=run_worker,
-            args=(config_yaml, resume, events, stop_event),
+            args=(config_yaml, resume, events, stop_event, output_dir / WORKER_LOG),
             name=f"grpo-run-{run_id}",
             daemon=False,
         )
@@ -135,11 +143,13 @@ class RunManager:
                     event = run.queue.get(timeout=self._poll_s)
                 except queue_module.Empty:
                     code = run.process.exitcode
+                    worker_log = run.output_dir / WORKER_LOG
                     event = JobEvent(
                         step=run.step,
                         total_steps=run.total_steps,
                         state=RunState.FAILED,
-                        message=f"worker process exited with code {code} before reporting an end",
+                        message=f"worker process exited with code {code} before reporting an end; "
+                        f"last lines of {worker_log}:\n{_log_tail(worker_log)}",
                     )
             self._loop.call_soon_threadsafe(self._append, run, event)
             if event.state.ended:

@@ -2,13 +2,16 @@
 
 The worker parses the config again, runs :func:`trainer_service.job.run_job` and reports every event on a
 multiprocessing queue. Its last event always has an ended state: COMPLETED, STOPPED, or FAILED with the error.
-A crash that kills the process outright (segfault, OOM kill) is noticed by the run manager instead.
+A crash that kills the process outright (segfault, OOM kill) is noticed by the run manager instead, which
+then reports the tail of the worker's log (its stdout and stderr, ``<output>/worker.log``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import traceback
+from pathlib import Path
 from typing import Any
 
 from trainer_service.config import parse_config
@@ -17,11 +20,17 @@ from trainer_service.job import run_job
 
 log = logging.getLogger(__name__)
 
+WORKER_LOG = "worker.log"
 
-def run_worker(config_yaml: str, resume: bool, queue: Any, stop_event: Any) -> None:
+
+def run_worker(config_yaml: str, resume: bool, queue: Any, stop_event: Any, log_path: Path) -> None:
     """Train one run; put :class:`JobEvent` objects on ``queue``; ``stop_event`` asks for a stop at a step
-    end.
+    end. The process's stdout and stderr (file descriptors 1 and 2) are appended to ``log_path``.
     """
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
     last = {"step": 0, "total": 0}
 
     def sink(event: JobEvent) -> None:

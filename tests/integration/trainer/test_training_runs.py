@@ -212,6 +212,8 @@ async def test_failed_worker_reports_failed_and_service_survives(trainer_stub, t
     events = await watch(stub, run_id)
     assert events[-1].state == trainer_pb2.RUN_STATE_FAILED
     assert events[-1].message
+    # The worker's own output (the logged traceback) is kept beside the run's outputs.
+    assert "missing.jsonl" in (tmp_path / "fail" / "worker.log").read_text()
     listed = (await stub.ListRuns(trainer_pb2.ListRunsRequest())).runs
     assert [r.state for r in listed] == [trainer_pb2.RUN_STATE_FAILED]
 
