@@ -28,37 +28,9 @@ from trainer_service.callbacks import read_metrics
 from trainer_service.config import parse_config
 from trainer_service.events import JobEvent, RunState
 from trainer_service.job import run_job
-from trainer_service.launcher import LocalServices, free_port, start_local_services, start_service
+from trainer_service.launcher import free_port, start_service
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def services(tiny_models, tmp_path_factory) -> LocalServices:
-    with start_local_services(
-        need_reward=True,
-        need_rollout=True,
-        model=tiny_models["policy"],
-        engine="hf",
-        log_dir=tmp_path_factory.mktemp("service-logs"),
-    ) as local:
-        yield local
-
-
-@pytest.fixture(scope="module")
-def train_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    rows = [
-        {
-            "messages": [
-                {"role": "user", "content": f"What is {i} + {i}?"},
-                {"role": "assistant", "content": str(2 * i)},
-            ]
-        }
-        for i in range(16)
-    ]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
 
 
 def run_config(tiny_models, reward: str, rollout: str, train_file: Path, output: Path, **training) -> dict:
