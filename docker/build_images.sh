@@ -34,6 +34,10 @@ if [ "$flavour" = cpu ]; then
             prepared=1
         fi
         echo "building $tag"
+        # The build stage is tagged too: it holds the dependency layers the next build reuses, and a
+        # tagged stage survives the prune of stale images below.
+        docker build -q --network=none -f "$file" --build-arg BASE_IMAGE="$base" "$@" \
+            --target build -t "$tag-build" . >/dev/null
         docker build -q --network=none -f "$file" --build-arg BASE_IMAGE="$base" --label "grpo.source=$source" \
             "$@" -t "$tag" . >/dev/null
     }
@@ -41,6 +45,8 @@ if [ "$flavour" = cpu ]; then
     build grpo-services/reward:cpu-slim docker/reward.cpu.Dockerfile --build-arg EXTRA=reward-slim
     build grpo-services/rollout:cpu docker/rollout.cpu.Dockerfile
     build grpo-services/trainer:cpu docker/trainer.cpu.Dockerfile
+    # Images replaced by these builds (untagged, several GB each) would otherwise fill the disk.
+    docker image prune -f >/dev/null
     docker images --format '{{.Repository}}:{{.Tag}} {{.Size}}' 'grpo-services/*'
 elif [ "$flavour" = cuda ]; then
     : "${BASE_IMAGE_CUDA:?set BASE_IMAGE_CUDA to an NVIDIA CUDA runtime image with Python 3.11}"
