@@ -1,6 +1,6 @@
 # Trainer service, CUDA flavour. Build context: the repository root, with a CUDA wheelhouse in
 # docker/wheelhouse (torch 2.13.0 CUDA build and the project wheel), made on a machine that may fetch it:
-#   pip wheel --wheel-dir docker/wheelhouse torch==2.13.0 '.[trainer]'
+#   pip wheel --wheel-dir docker/wheelhouse torch==2.13.0 '.[trainer,quantization]'
 #   docker build -f docker/trainer.cuda.Dockerfile -t grpo-services/trainer:cuda .
 # Python 3.11 comes from the official Python image and is copied onto the NVIDIA runtime image
 # (Ubuntu 24.04's glibc is newer than Debian bookworm's, so the interpreter runs unchanged).
@@ -16,7 +16,7 @@ RUN ldconfig && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin g
 FROM runtime AS build
 COPY docker/wheelhouse /wheels
 RUN python3.11 -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir --no-index --find-links /wheels "grpo-services[trainer]" \
+ && /opt/venv/bin/pip install --no-cache-dir --no-index --find-links /wheels "grpo-services[trainer,quantization]" \
  && /opt/venv/bin/pip uninstall -y pip
 
 FROM runtime

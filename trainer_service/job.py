@@ -124,7 +124,10 @@ def quantization_config(
             key="training.quantization",
         )
     if importlib.util.find_spec("bitsandbytes") is None:
-        raise ConfigError(f"is {mode!r} but bitsandbytes is not installed", key="training.quantization")
+        raise ConfigError(
+            f"is {mode!r} but bitsandbytes is not installed (extra `quantization`)",
+            key="training.quantization",
+        )
     if config.training.lora.r == 0:
         raise ConfigError(
             "quantized weights cannot be trained directly; set training.lora.r > 0 (QLoRA)",
