@@ -1,20 +1,26 @@
 """PRM scoring: dynamic batcher vs one forward per request, measured side by side in one run.
 
-Workload (issue: "16 concurrent requests of 8 samples"): ``--requests`` concurrent calls of
-``ModelRegistry.score("prm:...")``, each with ``--samples`` multi-step math completions of varied
-length. Two registries score the same workload with the same model:
+Workload (issue: "16 concurrent requests of 8 samples"), GRPO-shaped: ``--requests`` concurrent
+calls of ``ModelRegistry.score("prm:...")``, each with ``--samples`` completions of *one* prompt
+(a GRPO group). Prompts are math word problems of 1-4 sentences (about 90-270 tokens after the
+PRM's chat template), completions 2-8 steps (about 50-200 tokens). The token counts are recorded.
 
-* ``batched``: the dynamic batcher merges the sequences of all concurrent requests into padded
-  forwards of up to ``max_batch_tokens`` (flush after ``max_wait_ms``);
-* ``per_request``: batching across requests disabled, so each request is one forward of its own
-  samples (the way a reward function called per request would run).
+Every mode runs the same registry, tokenizer and forward code on the same inputs:
 
-Both run through the same registry, tokenizer and forward code, so the difference is the batching.
-Each mode runs ``--rounds`` times (``--large-rounds`` for the large model) after a one-request
-warm-up; the median wall time is reported, with ``speedup = per_request_s / batched_s``, for each
-torch thread count in ``--threads``. The process CPU time of each mode is recorded too
-(``cpu_time_ratio``): on a shared, oversubscribed machine it tracks the work done better than wall
-time does.
+* ``per_request`` (the baseline): no batching across requests and no prefix sharing, so each
+  request is one right-padded forward of its own 8 samples, as TRL scores a reward model;
+* ``batched``: the dynamic batcher as configured by default: the sequences of all concurrent
+  requests, with each request's shared prompt run once (KV cache), cut into length buckets;
+* two ablations that split the gain: ``batched_no_prefix`` (buckets across requests, every
+  sequence whole) and ``per_request_prefix`` (one request per forward, prompt run once).
+
+Modes alternate within each round (rotating order), so load drifts hit them alike; the median wall
+time of ``--rounds`` rounds is reported after a one-request warm-up, with ``speedup = per_request_s /
+batched_s``, the process CPU time of each mode, and the tokens each one ran (padded forward tokens
++ shared-prefix tokens). Scores of every mode must match the baseline within 1e-5. The large model
+runs ``--large-rounds`` (default 1) interleaved rounds per thread count, to keep the run short.
+``batch_scaling`` then times plain forwards of 1, 8 and 32 sequences: on a CPU the time per token
+hardly changes with the batch size, which bounds what merging requests alone can gain.
 Models: the tiny ``prm-token`` test model and a larger token-classification PRM built here
 (``policy-large`` shape: hidden 512, 8 layers, ~23M params) in ``bench/models/`` (gitignored).
 
@@ -36,7 +42,10 @@ from pathlib import Path
 import torch
 from transformers import Qwen2ForTokenClassification
 
-from reward_service.models.registry import ModelRegistry
+from reward_service.models.engine import Encoded
+from reward_service.models.loading import load_model
+from reward_service.models.prefix import share_prefixes
+from reward_service.models.registry import ModelRegistry, build_engine
 from reward_service.models.settings import ModelSettings
 from reward_service.models.spec import ModelKind, ModelSpec
 from reward_service.types import Message, Sample
@@ -51,6 +60,16 @@ STEP_TEMPLATES = [
     "First, read the question. Second, solve it: {a} * {b} = {p}.",
     "The quick brown fox jumps over the lazy dog, then {a} + {b} = {s}.",
 ]
+QUESTION_SENTENCES = [
+    "A baker makes {a} loaves every morning and sells {b} of them before noon.",
+    "Each box holds {a} apples, and a crate holds {b} boxes.",
+    "Natalia sold clips to {a} of her friends in April, and then half as many in May.",
+    "A train travels {a} kilometres in the first hour and {b} kilometres in the second.",
+    "The school ordered {a} notebooks for each of its {b} classrooms.",
+    "Tom saves {a} dollars a week and spends {b} dollars of it on lunch.",
+    "A garden has {a} rows of tomato plants with {b} plants in each row.",
+]
+QUESTIONS = ["How many are left at the end?", "What is the total?", "How much is that altogether?"]
 
 
 def build_large_prm(out: Path) -> Path:
@@ -66,12 +85,20 @@ def build_large_prm(out: Path) -> Path:
     return out
 
 
-def workload(requests: int, samples: int, seed: int = 0) -> list[list[Sample]]:
-    """``requests`` lists of ``samples`` completions with 2-8 steps each (about 40-200 tokens)."""
+def workload(
+    requests: int, samples: int, seed: int = 0, sentence_range: tuple[int, int] = (1, 4)
+) -> list[list[Sample]]:
+    """``requests`` groups of ``samples`` completions of one prompt each (see the module docstring);
+    each question has ``sentence_range`` (min, max) sentences before the question itself."""
     rng = random.Random(seed)
     batches = []
     for r in range(requests):
-        prompt = (Message("user", f"Compute {r + 3} * 4 - 5 and check the result."),)
+        sentences = [
+            rng.choice(QUESTION_SENTENCES).format(a=rng.randint(2, 90), b=rng.randint(2, 90))
+            for _ in range(rng.randint(*sentence_range))
+        ]
+        question = " ".join([*sentences, rng.choice(QUESTIONS)])
+        prompt = (Message("system", "Solve the problem."), Message("user", question))
         batch = []
         for s in range(samples):
             steps = []
@@ -86,81 +113,168 @@ def workload(requests: int, samples: int, seed: int = 0) -> list[list[Sample]]:
     return batches
 
 
-async def measure(path: Path, settings: ModelSettings, batches: list[list[Sample]], rounds: int) -> dict:
-    registry = ModelRegistry(settings)
-    await registry.load(ModelSpec(name="bench", path=str(path), kind=ModelKind.PRM))
-    try:
-        await registry.score("prm:bench", batches[0], {})  # warm-up: first-call allocations
-        before = registry.batcher_stats("bench")
-        times, cpu_times = [], []
-        for _ in range(rounds):
-            started, cpu_started = time.perf_counter(), time.process_time()
-            results = await asyncio.gather(*(registry.score("prm:bench", b, {}) for b in batches))
-            times.append(time.perf_counter() - started)
-            cpu_times.append(time.process_time() - cpu_started)
-            assert all(r.error == "" for batch in results for r in batch)
-        after = registry.batcher_stats("bench")
-    finally:
-        await registry.close()
-    forwards = after["forward_calls"] - before["forward_calls"]
-    return {
-        "median_s": statistics.median(times),
-        "times_s": times,
-        "median_cpu_s": statistics.median(cpu_times),
-        "forwards_per_round": forwards / rounds,
-        "largest_batch": after["largest_batch"],
-        "scores": [[r.step_scores for r in batch] for batch in results],
-    }
+MODES = {
+    "per_request": {"dynamic_batching": False, "share_prefixes": False},
+    "batched": {"dynamic_batching": True, "share_prefixes": True},
+    "batched_no_prefix": {"dynamic_batching": True, "share_prefixes": False},
+    "per_request_prefix": {"dynamic_batching": False, "share_prefixes": True},
+}
+
+
+async def _round(registry: ModelRegistry, batches: list[list[Sample]]) -> tuple[float, float, list]:
+    started, cpu_started = time.perf_counter(), time.process_time()
+    results = await asyncio.gather(*(registry.score("prm:bench", b, {}) for b in batches))
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    assert all(r.error == "" for batch in results for r in batch)
+    return elapsed, cpu, [[r.step_scores for r in batch] for batch in results]
+
+
+def _tokens(stats: dict[str, int]) -> int:
+    return stats["padded_tokens"] + stats["prefix_tokens"]
+
+
+def _max_diff(a: list, b: list) -> float:
+    return max(
+        abs(x - y)
+        for ra, rb in zip(a, b, strict=True)
+        for sa, sb in zip(ra, rb, strict=True)
+        for x, y in zip(sa, sb, strict=True)
+    )
 
 
 async def bench_model(label: str, path: Path, threads: int, args: argparse.Namespace) -> dict:
+    """Every mode on the same workload, rounds interleaved; per mode medians, tokens and score diffs."""
     torch.set_num_threads(threads)
-    batches = workload(args.requests, args.samples)
-    common = {"max_batch_tokens": args.max_batch_tokens, "max_wait_ms": args.max_wait_ms}
+    batches = workload(args.requests, args.samples, sentence_range=tuple(args.question_sentences))
+    registries = {}
+    for mode, switches in MODES.items():
+        settings = ModelSettings(
+            max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms, **switches
+        )
+        registries[mode] = ModelRegistry(settings)
+        await registries[mode].load(ModelSpec(name="bench", path=str(path), kind=ModelKind.PRM))
     rounds = args.large_rounds if label == "large" else args.rounds
-    batched = await measure(path, ModelSettings(**common, dynamic_batching=True), batches, rounds)
-    per_request = await measure(path, ModelSettings(**common, dynamic_batching=False), batches, rounds)
-    # Same numbers either way: batching must not change a score.
-    worst = max(
-        abs(x - y)
-        for a, b in zip(batched.pop("scores"), per_request.pop("scores"), strict=True)
-        for sa, sb in zip(a, b, strict=True)
-        for x, y in zip(sa, sb, strict=True)
-    )
-    speedup = per_request["median_s"] / batched["median_s"]
-    cpu_ratio = per_request["median_cpu_s"] / batched["median_cpu_s"]
-    batched_ms, per_request_ms = batched["median_s"] * 1000, per_request["median_s"] * 1000
-    print(
-        f"{label:>6} threads={threads}: batched {batched_ms:8.1f} ms "
-        f"({batched['forwards_per_round']:.1f} forwards), per-request {per_request_ms:8.1f} ms "
-        f"({per_request['forwards_per_round']:.0f} forwards), speedup {speedup:.2f}x "
-        f"(CPU time ratio {cpu_ratio:.2f}x), max |diff| {worst:.1e}",
-        flush=True,
-    )
+    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    cpu: dict[str, list[float]] = {mode: [] for mode in MODES}
+    scores, tokens, forwards = {}, {}, {}
+    try:
+        for registry in registries.values():  # warm-up: first-call allocations, one request
+            await registry.score("prm:bench", batches[0], {})
+        before = {mode: registry.batcher_stats("bench") for mode, registry in registries.items()}
+        order = list(MODES)
+        for index in range(rounds):
+            for mode in order[index % len(order) :] + order[: index % len(order)]:
+                elapsed, cpu_s, scores[mode] = await _round(registries[mode], batches)
+                times[mode].append(elapsed)
+                cpu[mode].append(cpu_s)
+        for mode, registry in registries.items():
+            after = registry.batcher_stats("bench")
+            tokens[mode] = (_tokens(after) - _tokens(before[mode])) / rounds
+            forwards[mode] = (after["forward_calls"] - before[mode]["forward_calls"]) / rounds
+    finally:
+        for registry in registries.values():
+            await registry.close()
+    modes = {}
+    base = statistics.median(times["per_request"])
+    base_cpu = statistics.median(cpu["per_request"])
+    for mode in MODES:
+        wall, cpu_s = statistics.median(times[mode]), statistics.median(cpu[mode])
+        modes[mode] = {
+            "median_s": wall,
+            "times_s": times[mode],
+            "median_cpu_s": cpu_s,
+            "forwards_per_round": forwards[mode],
+            "tokens_run_per_round": tokens[mode],
+            "cpu_ms_per_token_run": 1000 * cpu_s / tokens[mode],
+            "speedup_vs_per_request": base / wall,
+            "cpu_time_ratio_vs_per_request": base_cpu / cpu_s,
+            "max_abs_score_diff_vs_per_request": _max_diff(scores[mode], scores["per_request"]),
+        }
+        print(
+            f"{label:>6} threads={threads} {mode:>18}: {wall * 1000:8.1f} ms, "
+            f"{forwards[mode]:5.1f} forwards, "
+            f"{tokens[mode]:7.0f} tokens, speedup {base / wall:.2f}x (CPU {base_cpu / cpu_s:.2f}x), "
+            f"max |diff| {modes[mode]['max_abs_score_diff_vs_per_request']:.1e}",
+            flush=True,
+        )
+    worst = max(m["max_abs_score_diff_vs_per_request"] for m in modes.values())
+    assert worst <= 1e-5, f"a mode changed the scores by {worst}"
     return {
         "model": label,
         "torch_threads": threads,
         "rounds": rounds,
         "load_average_1m_after": os.getloadavg()[0],
         "path": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
-        "batched": batched,
-        "per_request": per_request,
-        "speedup": speedup,
-        "cpu_time_ratio": cpu_ratio,
+        "modes": modes,
+        "speedup": modes["batched"]["speedup_vs_per_request"],
+        "cpu_time_ratio": modes["batched"]["cpu_time_ratio_vs_per_request"],
         "max_abs_score_diff": worst,
     }
 
 
+def batch_scaling(path: Path, threads: int, length: int = 128, sizes: tuple[int, ...] = (1, 8, 32)) -> dict:
+    """Wall and CPU time per token of one plain forward of B sequences of ``length`` tokens, per B.
+
+    Flat numbers mean the CPU is compute-bound already at a request's size, so merging requests
+    can only win by computing fewer tokens (padding, shared prefixes), not by doing them faster.
+    (With several threads on a shared machine, CPU time also counts OpenMP threads spinning.)
+    """
+    torch.set_num_threads(threads)
+    settings = ModelSettings()
+    spec = ModelSpec(name="bench", path=str(path), kind=ModelKind.PRM)
+    engine = build_engine(load_model(spec, settings), settings)
+    rng = random.Random(1)
+    wall, cpu = {}, {}
+    for size in sizes:
+        batch = [Encoded(input_ids=[rng.randrange(10, 500) for _ in range(length)]) for _ in range(size)]
+        engine.forward(batch)  # allocations
+        started, cpu_started = time.perf_counter(), time.process_time()
+        engine.forward(batch)
+        wall[str(size)] = 1e6 * (time.perf_counter() - started) / (size * length)
+        cpu[str(size)] = 1e6 * (time.process_time() - cpu_started) / (size * length)
+    return {
+        "threads": threads,
+        "sequence_tokens": length,
+        "wall_us_per_token_by_batch_size": wall,
+        "cpu_us_per_token_by_batch_size": cpu,
+    }
+
+
+def token_stats(batches: list[list[Sample]], path: Path) -> dict:
+    """Sequence and shared-prefix lengths of the workload, in tokens, as the registry encodes them."""
+    settings = ModelSettings()
+    engine = build_engine(
+        load_model(ModelSpec(name="bench", path=str(path), kind=ModelKind.PRM), settings), settings
+    )
+    lengths, prefixes = [], []
+    for batch in batches:
+        grouped = share_prefixes(
+            [engine.encode(sample) for sample in batch], settings.min_shared_prefix_tokens
+        )
+        lengths += [item.num_tokens for item in grouped]
+        prefixes.append(grouped[0].prefix_tokens)
+    return {
+        "sequence_tokens_mean": statistics.mean(lengths),
+        "sequence_tokens_min_max": [min(lengths), max(lengths)],
+        "shared_prefix_tokens_mean": statistics.mean(prefixes),
+        "shared_prefix_tokens_min_max": [min(prefixes), max(prefixes)],
+    }
+
+
 async def main_async(args: argparse.Namespace) -> dict:
+    load_before = os.getloadavg()[0]
     paths = {}
     if "tiny" in args.models:
         paths["tiny"] = make_all(ROOT / "tests" / "assets" / "models", ("prm-token",))["prm-token"]
     if "large" in args.models:
         paths["large"] = build_large_prm(ROOT / "bench" / "models" / "prm-token-large")
-    results = []
+    results, scaling = [], {}
     for label, path in paths.items():
-        for threads in args.threads:
+        for threads in args.large_threads if label == "large" else args.threads:
             results.append(await bench_model(label, path, threads, args))
+        most = max(*args.threads, *args.large_threads)
+        scaling[label] = [batch_scaling(path, threads) for threads in sorted({1, most})]
+        print(f"{label:>6} time per token by batch size: {scaling[label]}", flush=True)
     return {
         "benchmark": "prm dynamic batcher vs one forward per request",
         "workload": {
@@ -168,6 +282,12 @@ async def main_async(args: argparse.Namespace) -> dict:
             "samples_per_request": args.samples,
             "max_batch_tokens": args.max_batch_tokens,
             "max_wait_ms": args.max_wait_ms,
+            "load_average_1m_before": load_before,
+            "question_sentences": args.question_sentences,
+            **token_stats(
+                workload(args.requests, args.samples, sentence_range=tuple(args.question_sentences)),
+                next(iter(paths.values())),
+            ),
         },
         "machine": {
             "cpus": os.cpu_count(),
@@ -177,6 +297,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         },
         "target_speedup": 3.0,
         "results": results,
+        "batch_scaling": scaling,
     }
 
 
@@ -184,13 +305,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--large-rounds", type=int, default=2, help="rounds of the large model")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--question-sentences", type=int, nargs=2, default=[1, 4], help="min and max sentences per prompt"
+    )
+    parser.add_argument("--large-rounds", type=int, default=1, help="rounds of the large model")
     parser.add_argument("--max-batch-tokens", type=int, default=ModelSettings().max_batch_tokens)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--models", nargs="+", choices=("tiny", "large"), default=["tiny", "large"])
     parser.add_argument(
         "--threads", type=int, nargs="+", default=[torch.get_num_threads(), 1], help="torch threads to try"
+    )
+    parser.add_argument(
+        "--large-threads", type=int, nargs="+", default=[torch.get_num_threads(), 1], help="same, large model"
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "prm.json")
     args = parser.parse_args(argv)

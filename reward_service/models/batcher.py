@@ -2,16 +2,21 @@
 
 Requests ``submit`` their sequences; a single loop task drains the queue into batches and runs each
 batch as one padded forward in a dedicated worker thread (one per model, so forwards of a model never
-overlap and the event loop keeps serving). A batch is flushed when
+overlap and the event loop keeps serving). A flush happens when
 
-* its padded size ``B x T_max`` would reach ``max_batch_tokens`` (tokens), or
+* the queue's padded size ``B x T_max`` would reach ``max_batch_tokens`` (tokens), or
 * the oldest waiting sequence has waited ``max_wait_ms``.
 
-A flush takes every queued sequence, sorts them by length and cuts them into batches of at most
-``max_batch_tokens`` padded tokens, run back to back (similar lengths → little padding). While
-forwards run, new sequences queue up for the next flush, so under load batches grow by themselves
-and the wait costs nothing. Each sequence's result is routed to its own future; a request that is
-cancelled simply has its futures dropped.
+Lengths are the tokens a forward computes for a sequence: ``suffix_tokens``, its whole length unless
+it shares a prefix (whose KV cache the engine computes once, see ``prefix.py``). A flush takes every
+queued sequence, sorts them by that length and cuts them into consecutive batches (``plan_batches``)
+minimising ``sum over batches of (B x T_max + forward_overhead_tokens)`` with each batch within
+``max_batch_tokens``; batches run back to back. Among all ways to split a set into batches of given
+sizes, giving the longest sequences to one batch, the next longest to the next and so on never
+raises a batch's T_max, so this optimum costs no more than any other split of the same sequences,
+one forward per request included. While forwards run, new sequences queue up for the next flush, so
+under load batches grow by themselves and the wait costs nothing. Each sequence's result is routed
+to its own future; a request that is cancelled simply has its futures dropped.
 
 With ``dynamic_batching=False`` each ``submit`` is flushed on its own (one forward per request, split
 only where ``max_batch_tokens`` requires): the baseline the benchmark compares against.
@@ -22,13 +27,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from grpo_runtime.errors import Unavailable
-from reward_service.models.engine import Encoded
+from reward_service.models.planning import padded_cost, plan_batches, split_by_cost
+from reward_service.models.sequences import Encoded
+
+__all__ = ["DynamicBatcher", "padded_cost", "plan_batches", "split_by_cost"]
 
 log = logging.getLogger(__name__)
 
@@ -40,34 +48,12 @@ class _Pending:
     enqueued: float  # loop.time(), seconds
 
 
-def padded_cost(items: Sequence[Encoded]) -> int:
-    """Tokens a right-padded batch of ``items`` occupies: B x T_max."""
-    return len(items) * max((item.num_tokens for item in items), default=0)
-
-
-def split_by_cost(items: Sequence[Encoded], max_batch_tokens: int) -> list[list[Encoded]]:
-    """Consecutive chunks whose padded cost stays within ``max_batch_tokens`` (at least one item each)."""
-    chunks: list[list[Encoded]] = []
-    current: list[Encoded] = []
-    width = 0
-    for item in items:
-        new_width = max(width, item.num_tokens)
-        if current and (len(current) + 1) * new_width > max_batch_tokens:
-            chunks.append(current)
-            current, new_width = [], item.num_tokens
-        current.append(item)
-        width = new_width
-    if current:
-        chunks.append(current)
-    return chunks
-
-
 class DynamicBatcher:
     """Merges the sequences of concurrent requests into padded forwards of one model.
 
     ``forward(batch) -> outputs`` (one output per item, same order) runs in the worker thread.
     Counters for metrics and tests: ``forward_calls`` (forwards run), ``sequences`` (sequences
-    scored), ``largest_batch`` (most sequences in one forward).
+    scored), ``largest_batch`` (most sequences in one forward), ``padded_tokens`` (sum of B x T).
     """
 
     def __init__(
@@ -77,12 +63,14 @@ class DynamicBatcher:
         max_batch_tokens: int,
         max_wait_ms: float,
         dynamic: bool = True,
+        forward_overhead_tokens: int = 64,
         name: str = "model",
     ) -> None:
         self._forward = forward
         self._max_batch_tokens = max_batch_tokens
         self._max_wait_s = max_wait_ms / 1000.0
         self._dynamic = dynamic
+        self._overhead_tokens = forward_overhead_tokens
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"reward-model-{name}")
         self._queue: list[_Pending] = []
         self._flushing: list[_Pending] = []  # taken off the queue by the flush in progress
@@ -92,6 +80,7 @@ class DynamicBatcher:
         self.forward_calls = 0
         self.sequences = 0
         self.largest_batch = 0
+        self.padded_tokens = 0
 
     async def submit(self, items: list[Encoded]) -> list[Any]:
         """Outputs of ``items``, in order, once the batches holding them have run."""
@@ -132,6 +121,7 @@ class DynamicBatcher:
         self.forward_calls += 1
         self.sequences += len(batch)
         self.largest_batch = max(self.largest_batch, len(batch))
+        self.padded_tokens += padded_cost(batch)
         return outputs
 
     def _queue_full(self) -> bool:
@@ -141,19 +131,27 @@ class DynamicBatcher:
         # Requests cancelled while waiting (client deadline) leave their futures behind.
         self._queue = [p for p in self._queue if not p.future.done()]
 
-    def _take_due(self) -> list[list[_Pending]]:
-        """Everything queued, sorted by length and cut into batches of at most ``max_batch_tokens``.
+    async def _take_due(self) -> list[list[_Pending]]:
+        """Everything queued, sorted by length and cut by ``plan_batches``.
 
         Sorting puts sequences of similar length together, so a flush of many requests pays for
-        little padding: each batch's width is close to the length of every sequence in it.
+        little padding: each batch's width is close to the length of every sequence in it. The
+        plan is computed in the worker thread (it is O(n x batch size) Python).
         """
         self._drop_cancelled()
-        due = sorted(self._queue, key=lambda p: p.item.num_tokens)
+        due = sorted(self._queue, key=lambda p: p.item.suffix_tokens)
         self._queue, self._flushing = [], due
+        sizes = await asyncio.get_running_loop().run_in_executor(
+            self._executor,
+            plan_batches,
+            [p.item.suffix_tokens for p in due],
+            self._max_batch_tokens,
+            self._overhead_tokens,
+        )
         batches, start = [], 0
-        for chunk in split_by_cost([p.item for p in due], self._max_batch_tokens):
-            batches.append(due[start : start + len(chunk)])
-            start += len(chunk)
+        for size in sizes:
+            batches.append(due[start : start + size])
+            start += size
         return batches
 
     async def _loop(self) -> None:
@@ -169,7 +167,7 @@ class DynamicBatcher:
                 self._wakeup.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), remaining)
-            for batch in self._take_due():
+            for batch in await self._take_due():
                 await self._run_batch(batch)
 
     async def _run_batch(self, batch: list[_Pending]) -> None:

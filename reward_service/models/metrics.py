@@ -6,6 +6,9 @@ values are read from the live registry at scrape time, so swaps and unloads need
 - ``grpo_reward_model_forwards_total{model}``: padded forwards run by the current version;
 - ``grpo_reward_model_sequences_total{model}``: sequences scored by the current version;
 - ``grpo_reward_model_largest_batch{model}``: most sequences in one forward;
+- ``grpo_reward_model_padded_tokens_total{model}``: tokens the batched forwards computed (B x T,
+  padding included, shared prefixes excluded);
+- ``grpo_reward_model_prefix_tokens_total{model}``: tokens of shared prefixes computed (once each);
 - ``grpo_reward_model_version{model}``: version number of the loaded model.
 """
 
@@ -33,6 +36,14 @@ class ModelMetrics(Collector):
         largest = GaugeMetricFamily(
             "grpo_reward_model_largest_batch", "Most sequences in one forward.", labels=["model"]
         )
+        padded = CounterMetricFamily(
+            "grpo_reward_model_padded_tokens",
+            "Tokens computed by the batched forwards, padding included, shared prefixes excluded.",
+            labels=["model"],
+        )
+        prefix = CounterMetricFamily(
+            "grpo_reward_model_prefix_tokens", "Tokens of shared prefixes computed.", labels=["model"]
+        )
         version = GaugeMetricFamily("grpo_reward_model_version", "Loaded model version.", labels=["model"])
         for info in self._registry.list():
             stats = self._registry.batcher_stats(info.name)
@@ -40,5 +51,7 @@ class ModelMetrics(Collector):
             forwards.add_metric(label, stats["forward_calls"])
             sequences.add_metric(label, stats["sequences"])
             largest.add_metric(label, stats["largest_batch"])
+            padded.add_metric(label, stats["padded_tokens"])
+            prefix.add_metric(label, stats["prefix_tokens"])
             version.add_metric(label, info.version)
-        yield from (forwards, sequences, largest, version)
+        yield from (forwards, sequences, largest, padded, prefix, version)

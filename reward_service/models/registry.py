@@ -24,14 +24,34 @@ from reward_service.models.batcher import DynamicBatcher
 from reward_service.models.engine import Encoded, RewardModelEngine, SampleError
 from reward_service.models.loading import LoadedModel, load_model
 from reward_service.models.orm import OutcomeRewardModel
+from reward_service.models.prefix import share_prefixes
 from reward_service.models.prm import ProcessRewardModel
 from reward_service.models.settings import ModelSettings
 from reward_service.models.spec import MODEL_NAME_RE, ModelInfo, ModelKind, ModelSpec
-from reward_service.types import ComponentResult, RewardDescription, Sample
+from reward_service.types import ComponentResult, Message, RewardDescription, Sample
 
 log = logging.getLogger(__name__)
 
 _PREFIXES = {f"{kind.value}:": kind for kind in ModelKind}
+
+# Scored at load, plainly and through each fast path (engine.check_fast_paths): three completions
+# of one prompt, so they share a prefix, each with two steps for the PRM formats.
+_PROBE_PROMPT = (
+    Message("system", "You are a careful tutor."),
+    Message("user", "What is 12 + 7 - 4? Explain."),
+)
+FAST_PATH_PROBE = [
+    Sample(id=str(i), prompt=_PROBE_PROMPT, completion=completion)
+    for i, completion in enumerate(
+        (
+            "12 + 7 = 19.\n\n19 - 4 = 15, so the answer is 15.",
+            "First add: 12 + 7 = 19.\n\nThen subtract 4 to get \\boxed{15}.",
+            "12 - 4 = 8.\n\n8 + 7 = 16.",
+        )
+    )
+]
+# Largest difference a fast path may make to an output (x max(1, |output|)), by model dtype.
+FAST_PATH_TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
 
 
 def parse_reward_name(reward_name: str) -> tuple[ModelKind, str] | None:
@@ -52,10 +72,16 @@ class _Slot:
     disposed: bool = False
 
 
-def _engine_for(loaded: LoadedModel) -> RewardModelEngine:
-    if loaded.spec.kind is ModelKind.PRM:
-        return ProcessRewardModel(loaded)
-    return OutcomeRewardModel(loaded)
+def build_engine(loaded: LoadedModel, settings: ModelSettings) -> RewardModelEngine:
+    """The engine of ``loaded`` with the fast paths that are exact for it turned on (blocking)."""
+    engine_class = ProcessRewardModel if loaded.spec.kind is ModelKind.PRM else OutcomeRewardModel
+    engine = engine_class(
+        loaded, max_batch_tokens=settings.max_batch_tokens, overhead_tokens=settings.forward_overhead_tokens
+    )
+    enabled = engine.check_fast_paths(FAST_PATH_PROBE, FAST_PATH_TOLERANCE[loaded.dtype])
+    engine.share_prefixes = engine.share_prefixes and settings.share_prefixes
+    log.info("%s: fast paths %s", loaded.spec.reward_name, enabled)
+    return engine
 
 
 class ModelRegistry:
@@ -85,6 +111,7 @@ class ModelRegistry:
         lock = self._load_locks.setdefault(spec.name, asyncio.Lock())
         async with lock:  # loads of one name install in request order
             loaded = await asyncio.to_thread(load_model, spec, self._settings)
+            engine = await asyncio.to_thread(build_engine, loaded, self._settings)
             version = self._versions.get(spec.name, 0) + 1
             info = ModelInfo(
                 name=spec.name,
@@ -97,12 +124,12 @@ class ModelRegistry:
                 loaded_at=datetime.now(UTC),
                 max_positions=loaded.max_positions,
             )
-            engine = _engine_for(loaded)
             batcher = DynamicBatcher(
                 engine.forward,
                 max_batch_tokens=self._settings.max_batch_tokens,
                 max_wait_ms=self._settings.max_wait_ms,
                 dynamic=self._settings.dynamic_batching,
+                forward_overhead_tokens=self._settings.forward_overhead_tokens,
                 name=spec.name,
             )
             # The swap: one dict assignment, no await between reading the old slot and replacing it.
@@ -132,7 +159,8 @@ class ModelRegistry:
         return self._current(reward_name) is not None
 
     def batcher_stats(self, name: str) -> dict[str, int]:
-        """Counters of the current model's batcher: forward_calls, sequences, largest_batch."""
+        """Counters of the current model's batcher: forward_calls, sequences, largest_batch,
+        padded_tokens (B x T of every forward), prefix_tokens (shared prefixes run, padded)."""
         slot = self._slots.get(name)
         if slot is None:
             raise NotFound(f"no model named {name!r} is loaded", field="name")
@@ -141,6 +169,8 @@ class ModelRegistry:
             "forward_calls": batcher.forward_calls,
             "sequences": batcher.sequences,
             "largest_batch": batcher.largest_batch,
+            "padded_tokens": batcher.padded_tokens,
+            "prefix_tokens": slot.engine.prefix_tokens_computed,
         }
 
     def validate_params(self, reward_name: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -193,14 +223,18 @@ class ModelRegistry:
             raise InvalidArgument(f"no model is loaded as {reward_name!r}", field="name")
         return slot
 
-    @staticmethod
-    def _encode_all(engine: RewardModelEngine, samples: Sequence[Sample]) -> list[Encoded | str]:
+    def _encode_all(self, engine: RewardModelEngine, samples: Sequence[Sample]) -> list[Encoded | str]:
+        """Each sample's sequence (or why it has none), with shared prefixes marked where allowed."""
         encoded: list[Encoded | str] = []
         for sample in samples:
             try:
                 encoded.append(engine.encode(sample))
             except SampleError as exc:
                 encoded.append(str(exc))
+        if engine.share_prefixes:
+            ok = [item for item in encoded if isinstance(item, Encoded)]
+            shared = iter(share_prefixes(ok, self._settings.min_shared_prefix_tokens))
+            encoded = [next(shared) if isinstance(item, Encoded) else item for item in encoded]
         return encoded
 
     async def _retire(self, slot: _Slot) -> None:

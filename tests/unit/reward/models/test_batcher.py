@@ -6,10 +6,12 @@ import asyncio
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from grpo_runtime.errors import Unavailable
-from reward_service.models.batcher import DynamicBatcher, padded_cost, split_by_cost
-from reward_service.models.engine import Encoded
+from reward_service.models.batcher import DynamicBatcher, padded_cost, plan_batches, split_by_cost
+from reward_service.models.engine import Encoded, Prefix
 from reward_service.models.registry import ModelRegistry
 from reward_service.models.settings import ModelSettings
 from reward_service.models.spec import ModelKind, ModelSpec
@@ -157,3 +159,63 @@ async def test_close_during_a_forward_fails_its_requests_instead_of_hanging():
     await batcher.close()
     with pytest.raises(Unavailable):
         await asyncio.wait_for(running, 5)
+
+
+def _set_partitions(items: list[int]):
+    """Every partition of ``items`` into non-empty groups (Bell(n) of them)."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for partition in _set_partitions(rest):
+        yield [[first], *partition]
+        for index in range(len(partition)):
+            yield [*partition[:index], [first, *partition[index]], *partition[index + 1 :]]
+
+
+def _cost(groups: list[list[int]], overhead: int) -> int:
+    return sum(len(g) * max(g) + overhead for g in groups)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 60), min_size=1, max_size=7),
+    budget=st.integers(1, 200),
+    overhead=st.integers(0, 80),
+)
+def test_plan_batches_is_optimal_over_every_split(lengths, budget, overhead):
+    """The plan over sorted lengths costs no more than any partition of the set that respects the
+    budget (brute force), so in particular no more than one forward per request."""
+    ordered = sorted(lengths)
+    sizes = plan_batches(ordered, budget, overhead)
+    assert sum(sizes) == len(ordered) and all(size >= 1 for size in sizes)
+    groups, start = [], 0
+    for size in sizes:
+        groups.append(ordered[start : start + size])
+        start += size
+    assert all(len(g) == 1 or len(g) * max(g) <= budget for g in groups)
+    feasible = [
+        _cost(p, overhead)
+        for p in _set_partitions(list(lengths))
+        if all(len(g) == 1 or len(g) * max(g) <= budget for g in p)
+    ]
+    assert _cost(groups, overhead) == min(feasible)
+
+
+def test_plan_batches_trades_padding_for_forwards():
+    # No overhead: never pad (every distinct length its own batch); large overhead: one batch.
+    assert plan_batches([2, 2, 3, 9], 1000, 0) == [2, 1, 1]
+    assert plan_batches([2, 2, 3, 9], 1000, 100) == [4]
+    assert sorted(plan_batches([5] * 6, 20, 1000)) == [2, 4]  # the budget allows 4 per forward
+
+
+async def test_flush_batches_by_suffix_length_with_prefixes():
+    """Sequences with a shared prefix cost their suffix only: the batcher sizes batches on that."""
+    prefix = Prefix(input_ids=tuple(range(50)))
+    long_shared = [Encoded(input_ids=[*range(50), 1, 2], prefix=prefix) for _ in range(4)]
+    forward = SumForward()
+    batcher = DynamicBatcher(forward, max_batch_tokens=8, max_wait_ms=20, forward_overhead_tokens=1)
+    await batcher.submit(long_shared)
+    await batcher.close()
+    assert [len(b) for b in forward.batches] == [4]  # 4 x 2 suffix tokens fit in 8
+    assert batcher.padded_tokens == 8

@@ -25,6 +25,17 @@ async def test_metrics_follow_the_loaded_models(tiny_models):
         forwards = prometheus.get_sample_value("grpo_reward_model_forwards_total", labels)
         assert prometheus.get_sample_value("grpo_reward_model_sequences_total", labels) == 12
         assert 1 <= forwards < 4
+        # The three samples of a request share the chat-templated system prompt: run once each.
+        stats = registry.batcher_stats("p")
+        assert (
+            prometheus.get_sample_value("grpo_reward_model_prefix_tokens_total", labels)
+            == (stats["prefix_tokens"])
+        )
+        assert stats["prefix_tokens"] > 0
+        assert (
+            prometheus.get_sample_value("grpo_reward_model_padded_tokens_total", labels)
+            == (stats["padded_tokens"])
+        )
         assert prometheus.get_sample_value("grpo_reward_model_version", labels) == 1
         await registry.unload("p")
         assert prometheus.get_sample_value("grpo_reward_model_version", labels) is None
