@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load as safetensors_load
-from safetensors.torch import load_file, save
+from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from grpo_runtime.errors import InvalidArgument
+from rollout_service.core import payload as codec
 from rollout_service.core.types import WeightFormat, WeightPayload
 
 PEFT_PREFIX = "base_model.model."
@@ -77,8 +77,8 @@ class LoraAdapter:
         """Write the adapter as a PEFT directory (what vLLM's LoRARequest loads)."""
         directory.mkdir(parents=True, exist_ok=True)
         (directory / ADAPTER_CONFIG).write_text(json.dumps(self.config))
-        save_tensors = {k: v.contiguous() for k, v in self.tensors.items()}
-        (directory / ADAPTER_WEIGHTS).write_bytes(save(save_tensors))
+        with (directory / ADAPTER_WEIGHTS).open("wb") as out:
+            out.writelines(codec.encode(self.tensors).parts)
         return directory
 
 
@@ -99,7 +99,7 @@ class ValidatedUpdate:
         return len(self.state_dict or {})
 
 
-def sha256_hex(data: bytes) -> str:
+def sha256_hex(data: bytes | bytearray | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
@@ -117,21 +117,18 @@ def all_finite(tensor: torch.Tensor) -> bool:
     return bool(np.isfinite(flat.numpy()).all())
 
 
-def parse_safetensors(data: bytes, field: str = "data") -> dict[str, torch.Tensor]:
-    """Decode one safetensors file from bytes; corrupt bytes → InvalidArgument(field)."""
-    if not data:
-        raise InvalidArgument("empty weight payload", field=field)
-    try:
-        tensors = safetensors_load(data)
-    except (SafetensorError, ValueError, RuntimeError) as exc:
-        raise InvalidArgument(f"not a valid safetensors payload ({exc})", field=field) from exc
-    if not tensors:
-        raise InvalidArgument("the safetensors payload holds no tensors", field=field)
-    return tensors
+def parse_safetensors(data: bytes | bytearray | memoryview, field: str = "data") -> dict[str, torch.Tensor]:
+    """Decode one safetensors file; corrupt bytes → InvalidArgument(field). The tensors are
+    views into ``data`` when it is writable (the receive buffer), else into one copy of it."""
+    return codec.parse(data, field=field)
 
 
 def validate_payload(payload: WeightPayload, catalog: ParamCatalog) -> ValidatedUpdate:
-    """Check size, checksum, bytes, names and shapes of a streamed update."""
+    """Check size, checksum, bytes, names and shapes of a streamed update.
+
+    The checksum is the one the receiver computed while the chunks arrived
+    (``payload.received_sha256``), or computed here when it did not.
+    """
     if payload.format == WeightFormat.UNSPECIFIED:
         raise InvalidArgument("must be LORA_ADAPTER or STATE_DICT", field="format")
     if payload.total_bytes and payload.total_bytes != len(payload.data):
@@ -140,7 +137,7 @@ def validate_payload(payload: WeightPayload, catalog: ParamCatalog) -> Validated
         )
     if not payload.sha256:
         raise InvalidArgument("the SHA-256 of the payload is required", field="sha256")
-    actual = sha256_hex(payload.data)
+    actual = payload.received_sha256 or sha256_hex(payload.data)
     if payload.sha256.lower() != actual:
         raise InvalidArgument(f"checksum mismatch: declared {payload.sha256}, got {actual}", field="sha256")
     tensors = parse_safetensors(payload.data)
@@ -269,21 +266,9 @@ def read_directory(path: str, version: int, fmt: WeightFormat, catalog: ParamCat
 
 
 def state_dict_bytes(state_dict: dict[str, torch.Tensor]) -> bytes:
-    """Serialize tensors to one safetensors file.
-
-    safetensors refuses tensors that share storage (tied embeddings): those are cloned; the
-    others are serialized without an extra copy.
-    """
-    tensors: dict[str, torch.Tensor] = {}
-    storages: set[int] = set()
-    for name, tensor in state_dict.items():
-        t = tensor.detach().to("cpu").contiguous()
-        pointer = t.untyped_storage().data_ptr()
-        if pointer in storages:
-            t = t.clone()
-        storages.add(pointer)
-        tensors[name] = t
-    return save(tensors)
+    """Serialize tensors to one safetensors file (as bytes; :func:`codec.encode` streams the
+    same file without building it). Tensors sharing storage (tied embeddings) are allowed."""
+    return codec.encode(state_dict).to_bytes()
 
 
 def adapter_dir_payload(adapter_dir: str | Path) -> tuple[bytes, str]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable
 
 from grpo.rollout.v1 import rollout_pb2
 
 from grpo_runtime.errors import InvalidArgument
+from rollout_service.core.payload import PayloadReceiver
 from rollout_service.core.types import (
     CompletionResult,
     GenerateRequest,
@@ -67,22 +69,35 @@ def generate_response(results: Iterable[CompletionResult]) -> rollout_pb2.Genera
 
 
 async def weight_payload(chunks: AsyncIterator[rollout_pb2.WeightChunk]) -> WeightPayload:
-    """Header from the first chunk; the payload is the concatenation of every chunk's data."""
+    """Header from the first chunk; the payload is the concatenation of every chunk's data.
+
+    Each chunk is copied into the receive buffer and hashed in a worker thread while the
+    event loop takes the next one off the stream, so the SHA-256 is ready at the last chunk.
+    """
+    loop = asyncio.get_running_loop()
     header: rollout_pb2.WeightChunk | None = None
-    parts: list[bytes] = []
+    receiver: PayloadReceiver | None = None
+    pending: asyncio.Future[None] | None = None
     async for chunk in chunks:
-        if header is None:
+        if receiver is None:
             header = chunk
-        parts.append(chunk.data)
-    if header is None:
+            receiver = PayloadReceiver(chunk.total_bytes)
+        if pending is not None:
+            await pending
+        pending = loop.run_in_executor(None, receiver.add, chunk.data)
+    if header is None or receiver is None:
         raise InvalidArgument("the stream carried no chunk", field="chunks")
+    if pending is not None:
+        await pending
+    data, digest = receiver.finish()
     return WeightPayload(
         version=header.version,
         format=WeightFormat(header.format),
-        data=b"".join(parts),
+        data=data,
         sha256=header.sha256,
         total_bytes=header.total_bytes,
         adapter_config_json=header.adapter_config_json,
+        received_sha256=digest,
     )
 
 

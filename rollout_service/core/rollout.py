@@ -97,11 +97,17 @@ class RolloutCore:
 
     # ---------------------------------------------------------------- weights
     async def update_weights(self, payload: WeightPayload) -> WeightsApplied:
-        """Validate a streamed payload fully, then apply it between batches (all-or-nothing)."""
+        """Validate a streamed payload fully, then apply it between batches (all-or-nothing).
+
+        ``apply_seconds`` is the contract's "time from the last chunk to the new weights
+        serving": checksum comparison, parsing, validation, waiting for the batches in flight
+        and the engine's apply.
+        """
+        start = time.perf_counter()
         self.versions.check_next(payload.version)
         self.sleep_state.check_weight_update()
         update = await asyncio.to_thread(validate_payload, payload, self.catalog)
-        applied = await self._apply(update)
+        applied = await self._apply(update, start)
         return WeightsApplied(
             applied.policy_version, applied.tensors_loaded, applied.apply_seconds, len(payload.data)
         )
@@ -113,8 +119,9 @@ class RolloutCore:
         update = await asyncio.to_thread(read_directory, path, version, fmt, self.catalog)
         return await self._apply(update)
 
-    async def _apply(self, update: ValidatedUpdate) -> WeightsApplied:
-        start = time.perf_counter()
+    async def _apply(self, update: ValidatedUpdate, start: float | None = None) -> WeightsApplied:
+        """Apply under the exclusive lock; ``apply_seconds`` counts from ``start`` (default: now)."""
+        start = time.perf_counter() if start is None else start
         async with self._lock.write():
             # Checked again under the lock: a concurrent update or sleep may have won the race.
             self.versions.check_next(update.version)

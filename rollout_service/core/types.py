@@ -133,14 +133,18 @@ class WeightPayload:
 
     ``sha256`` and ``total_bytes`` are the sender's declarations, checked before parsing
     (empty / 0 = not declared for ``total_bytes``; the checksum is required).
+    ``data`` is any bytes-like object; a writable one (the receive buffer) is parsed without
+    a copy. ``received_sha256``: the hex SHA-256 of ``data`` when the receiver already
+    computed it while the chunks arrived (empty = compute it during validation).
     """
 
     version: int
     format: WeightFormat
-    data: bytes
+    data: bytes | bytearray | memoryview
     sha256: str = ""
     total_bytes: int = 0
     adapter_config_json: str = ""
+    received_sha256: str = ""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,10 @@
   checkpoint, then the state from the last state-dict update (kept on disk), then the
   active adapter.
 - Cost of a state-dict update: the full state (checkpoint overlaid by every update) is written
-  to ``work_dir/state`` and reloaded, so a partial update costs as much as a full one.
+  to ``work_dir/state`` and reloaded, so a partial update costs as much as a full one. On CPU
+  most of it is vLLM's own reload: its layer-wise reload rebuilds every layer and repacks the
+  linear weights for the CPU kernels (≈ 0.1 s for 85 MB). The previous state file is deleted
+  in a background thread: dropping the page cache of a large file takes tens of ms.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -78,6 +82,8 @@ class VllmEngine(Engine):
         self._work.mkdir(parents=True, exist_ok=True)
         self._state_file = self._work / "state" / "current.safetensors"  # set by the first state dict
         self._state_file.parent.mkdir(parents=True, exist_ok=True)
+        self._retired = itertools.count()  # names of replaced state files awaiting deletion
+        self._deleters: list[threading.Thread] = []
         self._lora: LoRARequest | None = None
         self._base_discarded = False  # CUDA level-2 sleep: weights garbage until reloaded
         self._ids = itertools.count()
@@ -174,9 +180,22 @@ class VllmEngine(Engine):
             state[name] = tensor.to(state[name].dtype) if name in state else tensor
         staged = self._state_file.with_suffix(".next")
         save_file({k: v.contiguous() for k, v in state.items()}, staged)
+        del state  # the old file's pages may be mapped by it
         self._load_state_file(staged)
+        self._retire_state_file()
         staged.replace(self._state_file)
         self._drop_lora()
+
+    def _retire_state_file(self) -> None:
+        """Move the current state file aside and delete it in a background thread."""
+        if not self._state_file.exists():
+            return
+        retired = self._state_file.with_name(f"retired-{next(self._retired)}.safetensors")
+        self._state_file.rename(retired)
+        self._deleters = [t for t in self._deleters if t.is_alive()]
+        deleter = threading.Thread(target=retired.unlink, kwargs={"missing_ok": True}, daemon=True)
+        deleter.start()
+        self._deleters.append(deleter)
 
     def _restore_base(self) -> None:
         if self._state_file.exists():
@@ -250,6 +269,8 @@ class VllmEngine(Engine):
 
     def close(self) -> None:
         self._shutdown()
+        for deleter in self._deleters:
+            deleter.join()
         if self._owns_work_dir:
             shutil.rmtree(self._work, ignore_errors=True)
 

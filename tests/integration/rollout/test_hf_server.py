@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from grpo_runtime.config import ServerConfig
 from rollout_service.client import RolloutClient
+from rollout_service.core.payload import encode
 from rollout_service.core.settings import RolloutSettings
 from rollout_service.core.types import FinishReason, WeightFormat
 from rollout_service.server import BackgroundServer
@@ -187,3 +188,39 @@ def test_admin_rpcs_need_the_token(tiny_models):
         with RolloutClient(running.address, admin_token="s3cret") as admin:
             assert admin.sleep(1).level == 1
             assert admin.wake_up().weights_valid
+
+
+def test_full_state_dict_streams_exactly_and_all_or_nothing(server, client, tiny_models):
+    """A full state dict cut at chunk boundaries that fall inside tensors arrives bit for bit;
+    a stream longer than its declared size is refused and the weights stay as they were."""
+    base = AutoModelForCausalLM.from_pretrained(tiny_models["policy"]).state_dict()
+    base.pop("lm_head.weight")  # tied to the embeddings
+    scaled = {name: tensor * 1.25 for name, tensor in base.items()}
+    version = client.status().policy_version + 1
+    with RolloutClient(client.target, chunk_bytes=64 * 1024 + 3) as odd_chunks:
+        applied = odd_chunks.push_state_dict(scaled, version=version)
+    assert applied.policy_version == version and applied.tensors_loaded == len(scaled)
+    assert applied.bytes_received == encode(scaled).nbytes and applied.apply_seconds > 0
+    live = server.core.engine.model.state_dict()
+    assert all(torch.equal(live[name], tensor) for name, tensor in scaled.items())
+    payload = encode(scaled)  # encoded and hashed once, pushed as often as needed (replicas)
+    version += 1
+    assert client.push_weights(payload, version, "state_dict").policy_version == version
+
+    other = encode({name: tensor * 0.5 for name, tensor in base.items()})
+    data = other.to_bytes()
+    header = rollout_pb2.WeightChunk(
+        version=version + 1,
+        format=rollout_pb2.WEIGHT_FORMAT_STATE_DICT,
+        total_bytes=len(data) - 5,
+        sha256=other.sha256,
+    )
+    chunks = [rollout_pb2.WeightChunk(data=data[i : i + 4096]) for i in range(0, len(data), 4096)]
+    chunks[0].MergeFrom(header)
+    with grpc.insecure_channel(client.target) as channel:
+        stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+        code, details = code_and_details(lambda: stub.UpdateWeights(iter(chunks)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("total_bytes:")
+    live = server.core.engine.model.state_dict()
+    assert all(torch.equal(live[name], tensor) for name, tensor in scaled.items())
+    assert client.status().policy_version == version
