@@ -9,8 +9,14 @@ run config) for all three:
 - ``trl``: ``trl.GRPOTrainer`` in one process, generating with its own ``model.generate`` and scoring with the
   same numeric accuracy rule computed in-process (last number of the completion vs ``answer``);
 - ``sync``: ``trainer_service.job.run_job`` against a reward and an HF-engine rollout service started on
-  127.0.0.1 (weights pushed after every step, generation waits for the push);
-- ``async``: the same with ``async_rollout: true, max_staleness: 1`` (next batch generated during the step).
+  127.0.0.1 (weights pushed after every step, generation waits for the push); ``importance_sampling: auto``
+  resolves to "verify" here (exactly on-policy: the correction's extra forward runs on the first step only);
+- ``async``: the same with ``async_rollout: true, max_staleness: 1`` (next batch generated during the step;
+  the correction on every step), against its own rollout service started as ``make run``/``train`` start one
+  for an async run on CPU: trainer and rollout service split the cores (``launcher.overlap_threads``).
+
+TRL keeps torch's default threads (one per core). ``--importance-sampling on`` and ``--no-thread-split``
+measure the trio without each of the two savings.
 
 Step time = median of the wall-clock gaps between consecutive optimizer-step ends, pooled over ``--rounds``
 rounds that alternate trl / sync / async (the first step of each run, which
@@ -31,6 +37,7 @@ import re
 import statistics
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +50,7 @@ from trainer_service.callbacks import read_metrics
 from trainer_service.config import RunConfig, parse_config
 from trainer_service.events import JobEvent
 from trainer_service.job import build_grpo_config, build_model, load_tokenizer, run_job
-from trainer_service.launcher import start_local_services
+from trainer_service.launcher import cpu_cores, overlap_threads, start_local_services
 
 ROOT = Path(__file__).resolve().parents[1]
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -123,7 +130,8 @@ def bench_trio(config: dict, services) -> dict:
     result = run_job(parse_config(config), sink=sink)
     records = read_metrics(result.metrics_path)
     pushes = [r["weight_sync/push_seconds"] for r in records if "weight_sync/push_seconds" in r]
-    out: dict[str, Any] = {"gaps": step_gaps(times), "pushes": pushes}
+    applied = [r.get("sampling/importance_sampling_applied", 0.0) for r in records]
+    out: dict[str, Any] = {"gaps": step_gaps(times), "pushes": pushes, "is_applied_steps": sum(applied)}
     if "async/prefetch_hits" in records[-1]:
         last = records[-1]
         out |= {
@@ -145,7 +153,7 @@ def summarize(runs: list[dict]) -> dict:
     }
     if pushes:
         out["push_s"] = statistics.median(pushes)
-    for key in ("prefetch_hits", "stale_dropped", "max_staleness_seen"):
+    for key in ("is_applied_steps", "prefetch_hits", "stale_dropped", "max_staleness_seen"):
         if key in runs[0]:
             out[key] = [run[key] for run in runs]
     return out
@@ -159,25 +167,52 @@ def main(argv: list[str] | None = None) -> int:
     # Rounds alternate trl / sync / async so a change in machine load hits all three alike.
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/e2e.json")
+    parser.add_argument("--importance-sampling", choices=["auto", "on"], default="auto")
+    parser.add_argument(
+        "--no-thread-split", action="store_true", help="async: default threads in trainer and rollout service"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)
+    load_at_start = os.getloadavg()[0]
     runs: dict[str, list[dict]] = {"trl": [], "sync": [], "async": []}
-    with tempfile.TemporaryDirectory() as scratch:
+    trainer_threads, rollout_threads = (None, None) if args.no_thread_split else overlap_threads()
+    trio = {"importance_sampling": args.importance_sampling}
+    with tempfile.TemporaryDirectory() as scratch, ExitStack() as stack:
         root = Path(scratch)
-        with start_local_services(
-            need_reward=True, need_rollout=True, model=args.model, engine="hf", log_dir=root / "logs"
-        ) as services:
-            for round_ in range(args.rounds):
-                out = root / f"round{round_}"
-                base = run_config(args.model, args.data, out / "trl", args.steps)
-                runs["trl"].append(bench_trl(parse_config(base), args.data))
-                sync = run_config(args.model, args.data, out / "sync", args.steps)
-                runs["sync"].append(bench_trio(sync, services))
-                async_config = run_config(
-                    args.model, args.data, out / "async", args.steps, async_rollout=True, max_staleness=1
+
+        def services(name: str, rollout_threads: int | None):
+            return stack.enter_context(
+                start_local_services(
+                    need_reward=True,
+                    need_rollout=True,
+                    model=args.model,
+                    engine="hf",
+                    log_dir=root / name,
+                    rollout_threads=rollout_threads,
                 )
-                runs["async"].append(bench_trio(async_config, services))
+            )
+
+        sync_services = services("sync-logs", None)
+        async_services = services("async-logs", rollout_threads)
+        for round_ in range(args.rounds):
+            out = root / f"round{round_}"
+            base = run_config(args.model, args.data, out / "trl", args.steps)
+            runs["trl"].append(bench_trl(parse_config(base), args.data))
+            sync = run_config(args.model, args.data, out / "sync", args.steps, **trio)
+            runs["sync"].append(bench_trio(sync, sync_services))
+            async_config = run_config(
+                args.model,
+                args.data,
+                out / "async",
+                args.steps,
+                async_rollout=True,
+                max_staleness=1,
+                # Split: job.trainer_cpu_threads picks overlap_threads()[0] itself (loopback rollout).
+                **({} if trainer_threads else {"cpu_threads": torch.get_num_threads()}),
+                **trio,
+            )
+            runs["async"].append(bench_trio(async_config, async_services))
     trl, sync, async_ = (summarize(runs[mode]) for mode in ("trl", "sync", "async"))
     result = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
@@ -190,13 +225,24 @@ def main(argv: list[str] | None = None) -> int:
             "max_completion_length": 32,
             "lora_r": 16,
             "rollout_engine": "hf",
+            "importance_sampling": args.importance_sampling,
+            "threads": {
+                "cores": cpu_cores(),
+                "trl": torch.get_num_threads(),
+                "sync": {"trainer": torch.get_num_threads(), "rollout": "default"},
+                "async": {
+                    "trainer": trainer_threads or torch.get_num_threads(),
+                    "rollout": rollout_threads or "default",
+                },
+            },
         },
         "trl": trl,
         "sync": sync,
         "async": async_,
         "ratio_sync": sync["step_s"] / trl["step_s"],
-        "load_average_1m_at_end": os.getloadavg()[0],
         "ratio_async": async_["step_s"] / trl["step_s"],
+        "load_average_1m_at_start": load_at_start,
+        "load_average_1m_at_end": os.getloadavg()[0],
         "push_share": sync["push_s"] / sync["step_s"],
         "targets": {"ratio_sync": 1.15, "ratio_async": 0.85, "push_share": 0.05},
     }

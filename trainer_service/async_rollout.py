@@ -21,6 +21,9 @@ Design (single process):
 * **Importance sampling.** The rollout logprobs (under the generating version's weights) are returned to TRL,
   whose importance-sampling correction (``vllm_importance_sampling_correction`` in the variant trainer)
   reweights the loss by ``π_θ / π_rollout`` per token, which is what makes a 1-step-stale batch unbiased.
+* **Replicas.** A prefetch is sharded over the replicas that serve the trainer's version when it starts
+  (``WeightSync.ready``), like a synchronous generation; a replica that joins during it is used from the
+  next generation on, and one dropped during it keeps its client until the membership changes again.
 * **Failures.** A prefetch that fails (service down, restarted) or whose prompts do not match what TRL asks
   for (resume skipping batches, epoch boundary) is a miss: the step generates synchronously through
   :class:`ServiceRollout`, which waits with backoff and re-pushes the weights.

@@ -28,7 +28,8 @@ from grpo_runtime.client import create_sync_channel
 from grpo_runtime.server import Cleanup, ServiceBinding
 from trainer_service.config import ConfigError, load_config
 from trainer_service.events import JobEvent, RunState, discard
-from trainer_service.launcher import spawn_service, start_local_services, wait_serving
+from trainer_service.job import overlapping_on_cpu
+from trainer_service.launcher import overlap_threads, spawn_service, start_local_services, wait_serving
 from trainer_service.progress import ProgressSink
 
 DEFAULT_PORT = 50053
@@ -138,6 +139,8 @@ def demo(argv: Sequence[str]) -> int:
         engine=config.services.rollout_engine,
         log_dir=log_dir,
         startup_timeout_s=config.services.startup_timeout_s,
+        # An async run on CPU splits the cores between trainer and rollout (the trainer does its half).
+        rollout_threads=overlap_threads()[1] if overlapping_on_cpu(config) else None,
     ) as local:
         raw.setdefault("services", {})
         raw["services"]["reward"] = config.services.reward or local.reward.target

@@ -24,11 +24,21 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from trainer_service.replicas import parse_target
 from trainer_service.variant_trainer import VariantConfigError, validate_variant_params
 
 
@@ -133,6 +143,14 @@ class TrainingConfig(_Strict):
     # Overlap generation of the next batch with the optimizer step (bounded by max_staleness versions).
     async_rollout: bool = False
     max_staleness: int = Field(default=1, ge=0)
+    # Rollout importance-sampling correction (ratio of trainer to sampler log-probs): "on", "off" (sync mode
+    # only), or "auto" = on in async mode, with weight sync off, a vLLM engine or a bf16/fp16 trainer;
+    # otherwise (sync, fp32 HF engine: exactly on-policy) skipped while a check on the first and every 50th
+    # batch finds the ratio within 1 ± 1e-3 (trainer_service.variant_trainer, docs/trainer.md).
+    importance_sampling: Literal["auto", "on", "off"] = "auto"
+    # torch threads of the trainer process on CPU; None = torch's default (one per core), except in async mode
+    # with the rollout service on this machine (loopback), where trainer and rollout split the cores.
+    cpu_threads: int | None = Field(default=None, ge=1)
     # Push weights to the rollout service after each optimizer step (turn off only to prove it matters).
     weight_sync: bool = True
     # Evaluate on data.eval every this many optimizer steps; 0 = never.
@@ -162,6 +180,17 @@ class TrainingConfig(_Strict):
             raise ValueError("must name at least one integration or be 'none'")
         return value
 
+    @field_validator("importance_sampling")
+    @classmethod
+    def _correction_stays_on_in_async(cls, value: str, info: ValidationInfo) -> str:
+        # Declared after async_rollout, so info.data holds it; the error names training.importance_sampling.
+        if value == "off" and info.data.get("async_rollout"):
+            raise ValueError(
+                "cannot be 'off' with training.async_rollout: async batches come from older weights and only "
+                "the correction makes training on them unbiased (use auto or on)"
+            )
+        return value
+
     @property
     def reward_terms(self) -> list[RewardTerm]:
         """The reward functions and weights this run scores with (``prm_reward`` replaces ``reward_fn``)."""
@@ -174,11 +203,26 @@ class TrainingConfig(_Strict):
         ]
 
 
+def _rollout_target(text: str) -> str:
+    parse_target(text)
+    return text
+
+
+# One services.rollout entry: HOST:PORT, [IPV6]:PORT, dns:///NAME:PORT or another gRPC URI (unix:PATH).
+RolloutTargetText = Annotated[str, AfterValidator(_rollout_target)]
+
+
 class ServicesConfig(_Strict):
-    """Addresses of the reward and rollout services; unset = spawn local ones on free loopback ports."""
+    """Addresses of the reward and rollout services; unset = spawn local ones on free loopback ports.
+
+    ``rollout``: one address or a YAML list of them, each ``HOST:PORT`` (one replica) or ``dns:///NAME:PORT``
+    (every address the name resolves to, resolved again at every step: a Kubernetes headless Service); read
+    as a list. Every replica gets every weight version and a share of each generation
+    (:mod:`trainer_service.replicas`). Unset: one local rollout process.
+    """
 
     reward: str | None = None
-    rollout: str | None = None
+    rollout: list[RolloutTargetText] | None = Field(default=None, min_length=1)
     admin_token: str | None = None
     admin_token_file: str | None = None
     tls_ca_file: str | None = None
@@ -191,6 +235,25 @@ class ServicesConfig(_Strict):
     request_timeout_s: float = Field(default=300.0, gt=0)
     # How long a step keeps retrying (with backoff) while the rollout service is down, seconds.
     retry_timeout_s: float = Field(default=300.0, ge=0)
+
+    @field_validator("rollout", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        """One address is a list of one (checked here, so its error names ``services.rollout``)."""
+        if isinstance(value, str):
+            return [_rollout_target(value)]
+        if value is not None and not isinstance(value, list):
+            raise ValueError("must be an address (HOST:PORT or dns:///NAME:PORT) or a list of addresses")
+        return value
+
+    @field_validator("rollout")
+    @classmethod
+    def _distinct(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            for index, text in enumerate(value):
+                if text in value[:index]:
+                    raise ValueError(f"lists {text!r} twice (entries {value.index(text)} and {index})")
+        return value
 
     @model_validator(mode="after")
     def _one_token_source(self) -> ServicesConfig:
@@ -304,7 +367,9 @@ def parse_config(source: str | dict[str, Any]) -> RunConfig:
         config = RunConfig.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        key = ".".join(str(part) for part in first["loc"]) or "config"
+        # List positions as [i]: services.rollout[1], training.lora.target_modules[0].
+        key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
+        key = key or "config"
         message = {"extra_forbidden": "unknown key", "missing": "required key is missing"}.get(
             first["type"], first["msg"].removeprefix("Value error, ")
         )

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import TaskType, get_peft_model, prepare_model_for_kbit_training
@@ -51,9 +52,15 @@ from trainer_service.callbacks import METRICS_FILE, MetricsCallback, StopCallbac
 from trainer_service.config import ConfigError, RewardTerm, RunConfig
 from trainer_service.data import REWARD_METADATA, check_prompt_lengths, read_split, to_dataset
 from trainer_service.events import EventSink, JobEvent, RunState, discard
-from trainer_service.launcher import LocalServices, start_local_services
+from trainer_service.launcher import LocalServices, is_loopback, overlap_threads, start_local_services
+from trainer_service.replicas import RolloutReplicas
 from trainer_service.rollout import SamplingConfig, ServiceRollout
-from trainer_service.variant_trainer import grpo_config_overrides, make_variant_trainer
+from trainer_service.variant_trainer import (
+    ImportanceSamplingPlan,
+    grpo_config_overrides,
+    make_variant_trainer,
+    resolve_importance_sampling,
+)
 from trainer_service.weight_sync import WeightSync, WeightSyncCallback
 
 REWARD_CURVE_FILE = "reward_curve.png"
@@ -76,10 +83,15 @@ class JobResult:
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Channel configs of the reward and rollout services a job talks to."""
+    """Channel configs of the reward and rollout services a job talks to.
+
+    ``rollout`` holds the settings every rollout replica's channel copies (its target is the first entry);
+    ``rollout_targets`` are the ``services.rollout`` entries (:mod:`trainer_service.replicas`).
+    """
 
     reward: ChannelConfig
     rollout: ChannelConfig
+    rollout_targets: tuple[str, ...]
 
 
 def resolve_device(config: RunConfig) -> str:
@@ -235,17 +247,60 @@ def build_grpo_config(config: RunConfig, device: str) -> GRPOConfig:
         **_fsdp_kwargs(config),
         disable_tqdm=True,
         log_completions=False,
+        # "auto" may still skip it batch by batch (importance_sampling_plan); "off" never computes it.
+        vllm_importance_sampling_correction=t.importance_sampling != "off",
         **overrides,
     )
 
 
-def channel_configs(config: RunConfig, reward_target: str, rollout_target: str) -> Endpoints:
+def rollout_engine(channel: ChannelConfig) -> str | None:
+    """The engine the rollout service at ``channel`` reports ("hf", "vllm"), or None when it does not answer
+    now (the importance-sampling plan then keeps the correction on)."""
+    try:
+        with RolloutClient(channel) as client:
+            return client.status(timeout_s=10.0).engine or None
+    except grpc.RpcError:
+        return None
+
+
+def importance_sampling_plan(
+    config: RunConfig, device: str, rollout: ChannelConfig
+) -> ImportanceSamplingPlan:
+    """``training.importance_sampling`` resolved for this run (see ``variant_trainer``'s module docstring)."""
+    t = config.training
+    flags = precision_flags(device)
+    return resolve_importance_sampling(
+        t.importance_sampling,
+        async_rollout=t.async_rollout,
+        weight_sync=t.weight_sync,
+        rollout_engine=rollout_engine(rollout) if t.importance_sampling == "auto" else None,
+        trainer_fp32=not (flags["bf16"] or flags["fp16"]) and t.quantization == "none",
+    )
+
+
+def overlapping_on_cpu(config: RunConfig) -> bool:
+    """Async rollout with the trainer on CPU: trainer and rollout service compute at the same time."""
+    return config.training.async_rollout and resolve_device(config) == "cpu"
+
+
+def trainer_cpu_threads(config: RunConfig, rollout_target: str) -> int | None:
+    """torch threads for this trainer process: ``training.cpu_threads``, else half the cores when it
+    overlaps with a rollout service on this machine (``launcher.overlap_threads``), else None (default)."""
+    if config.training.cpu_threads is not None:
+        return config.training.cpu_threads
+    if overlapping_on_cpu(config) and is_loopback(rollout_target):
+        return overlap_threads()[0]
+    return None
+
+
+def channel_configs(config: RunConfig, reward_target: str, rollout_targets: list[str]) -> Endpoints:
     s = config.services
     token = s.resolved_admin_token()
     common: dict[str, Any] = {"admin_token": token, "tls_ca_file": s.tls_ca_file}
     return Endpoints(
         reward=ChannelConfig(target=reward_target, default_timeout_s=s.request_timeout_s, **common),
-        rollout=ChannelConfig(target=rollout_target, default_timeout_s=s.request_timeout_s, **common),
+        rollout=ChannelConfig(target=rollout_targets[0], default_timeout_s=s.request_timeout_s, **common),
+        rollout_targets=tuple(rollout_targets),
     )
 
 
@@ -271,10 +326,11 @@ def resolve_services(config: RunConfig, stack: ExitStack, sink: EventSink) -> En
         log_dir=config.output_dir / "services",
         env={"GRPO_ADMIN_TOKEN": token} if token else None,
         startup_timeout_s=s.startup_timeout_s,
+        rollout_threads=overlap_threads()[1] if overlapping_on_cpu(config) else None,
     )
     stack.callback(local.close)
     reward = s.reward if s.reward is not None else local.reward.target
-    rollout = s.rollout if s.rollout is not None else local.rollout.target
+    rollout = s.rollout if s.rollout is not None else [local.rollout.target]
     return channel_configs(config, reward, rollout)
 
 
@@ -333,6 +389,11 @@ def run_job(
     checkpoint = resolve_checkpoint(config, resume)
     with ExitStack() as stack:
         endpoints = resolve_services(config, stack, sink)
+        threads = trainer_cpu_threads(config, endpoints.rollout.target) if device == "cpu" else None
+        if threads is not None:
+            # Restored on exit: an in-process caller (a benchmark, a test) keeps its own setting.
+            stack.callback(torch.set_num_threads, torch.get_num_threads())
+            torch.set_num_threads(threads)
         return _train(
             config,
             endpoints,
@@ -382,13 +443,13 @@ def _train(
 
     reward_funcs = [reward_client.as_reward_func((term.name, 1.0, term.params)) for term in terms]
 
-    rollout_client = RolloutClient(endpoints.rollout)
-    stack.callback(rollout_client.close)
+    replicas = RolloutReplicas(endpoints.rollout_targets, endpoints.rollout)
+    stack.callback(replicas.close)
     sync = WeightSync(
-        rollout_client, enabled=t.weight_sync, sleep_mode=t.vllm_sleep_mode, sleep_level=t.sleep_level
+        replicas, enabled=t.weight_sync, sleep_mode=t.vllm_sleep_mode, sleep_level=t.sleep_level
     )
     rollout: ServiceRollout | AsyncServiceRollout = ServiceRollout(
-        rollout_client,
+        replicas,
         sync,
         SamplingConfig.from_run(config),
         t.num_generations,
@@ -408,6 +469,7 @@ def _train(
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         rollout_func=rollout,
+        importance_sampling=importance_sampling_plan(config, device, endpoints.rollout),
         callbacks=[
             sync_callback,
             MetricsCallback(
@@ -416,6 +478,7 @@ def _train(
                 extra=lambda: {
                     "policy_version": rollout.last_version,
                     "weight_sync/push_seconds": sync.last_push_seconds if sync.pushes else None,
+                    "rollout/replicas": len(sync.ready),
                     **(rollout.metrics() if isinstance(rollout, AsyncServiceRollout) else {}),
                 },
             ),

@@ -4,6 +4,13 @@ Used by ``python -m trainer_service demo``, by ``train`` when ``services.reward`
 unset, and by tests. Each service is the real ``python -m reward_service`` / ``python -m rollout_service``
 process; it is ready when its gRPC health check reports SERVING. ``HF_HUB_OFFLINE=1`` is set so nothing is
 downloaded.
+
+CPU threads: torch's OpenMP pool has one thread per core in every process, and a parallel region waits for
+all of its threads. In async rollout the trainer and the rollout service compute at the same time, so on one
+CPU machine 2 × cores threads share the cores and every region stalls on whichever thread is descheduled
+(measured on 2 cores under load: the trainer's forward went from 1.5 s with one thread per process to 6.5 s
+with two). :func:`overlap_threads` splits the cores between the two instead; synchronous runs compute one
+process at a time and keep torch's default.
 """
 
 from __future__ import annotations
@@ -47,6 +54,32 @@ def wait_serving(target: str, process: subprocess.Popen | None, timeout_s: float
                 last = error.code().name
             time.sleep(0.2)
     raise TimeoutError(f"{name} at {target} was not SERVING within {timeout_s:.0f} s (last: {last})")
+
+
+def is_loopback(target: str) -> bool:
+    """Whether a ``HOST:PORT`` target is on this machine (127.0.0.0/8, ::1 or localhost)."""
+    host = target.removeprefix("ipv4:").removeprefix("ipv6:").rsplit(":", 1)[0].strip("[]")
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on (its affinity mask, which containers and taskset narrow)."""
+    return len(os.sched_getaffinity(0))
+
+
+def overlap_threads(cores: int | None = None) -> tuple[int, int]:
+    """(trainer, rollout service) torch threads for a trainer and rollout service that compute at the same
+    time on one CPU machine: the cores split in two, at least one each (2 cores → (1, 1); 16 → (8, 8))."""
+    cores = cpu_cores() if cores is None else cores
+    trainer = max(1, cores // 2)
+    return trainer, max(1, cores - trainer)
+
+
+def thread_env(threads: int | None) -> dict[str, str]:
+    """Environment that sizes a child process's OpenMP/MKL pools (torch reads it at start); {} = default."""
+    if threads is None:
+        return {}
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
 
 @dataclass
@@ -137,15 +170,23 @@ def start_local_services(
     log_dir: Path | None = None,
     env: dict[str, str] | None = None,
     startup_timeout_s: float = 180.0,
+    rollout_threads: int | None = None,
 ) -> LocalServices:
-    """Start the services a run lacks, side by side, and wait until each is SERVING."""
+    """Start the services a run lacks, side by side, and wait until each is SERVING.
+
+    ``rollout_threads``: torch threads of the rollout service (None = torch's default, one per core); an
+    async run on CPU passes ``overlap_threads()[1]``.
+    """
     services = LocalServices()
     try:
         if need_reward:
             services.reward = spawn_service("reward_service", log_dir=log_dir, env=env)
         if need_rollout:
             rollout_args = ["--model", str(model), "--engine", engine]
-            services.rollout = spawn_service("rollout_service", rollout_args, log_dir=log_dir, env=env)
+            rollout_env = {**(env or {}), **thread_env(rollout_threads)}
+            services.rollout = spawn_service(
+                "rollout_service", rollout_args, log_dir=log_dir, env=rollout_env
+            )
         for service in (services.reward, services.rollout):
             if service is not None:
                 wait_serving(service.target, service.process, startup_timeout_s, service.name)

@@ -13,6 +13,10 @@ computes as ``log_softmax(logits / T)`` (DESIGN.md), so the rollout logprobs can
 importance-sampling correction. ``policy_version`` is forwarded per completion (TRL passes extra keys to the
 reward functions) and checked: every completion must come from the weights this trainer pushed last, or the
 step raises instead of training on stale or foreign weights.
+
+Several rollout replicas (:mod:`trainer_service.replicas`): the groups of a call are split into contiguous
+shards, one per replica serving the trainer's version (``WeightSync.ready``), generated concurrently and
+concatenated back in input order; the ``n`` completions of one prompt always come from one replica.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 import grpc
 
 from trainer_service.config import RunConfig
+from trainer_service.replicas import RolloutReplicas, first_error, merge_shards, settle, shard_bounds
 from trainer_service.weight_sync import RolloutUnavailable, WeightSync
 
 log = logging.getLogger(__name__)
@@ -94,6 +99,31 @@ def group_runs(prompts: Sequence[Any], max_group: int) -> list[tuple[Any, int]]:
     return runs
 
 
+@dataclass(frozen=True)
+class _Request:
+    """One Generate call: ``prompts`` (runs ``indices`` of a shard) with ``n`` = ``count`` each."""
+
+    prompts: list[Any]
+    count: int
+    indices: list[int]
+    sampling: dict[str, Any]
+
+
+def _generate_shard(client: Any, requests: list[_Request], runs: int) -> list[Any]:
+    """The completions of one shard's ``runs`` runs, in run order (each request's groups put in place)."""
+    results: list[list[Any]] = [[] for _ in range(runs)]
+    for request in requests:
+        completions = list(client.generate(request.prompts, n=request.count, sampling=request.sampling))
+        if len(completions) != request.count * len(request.indices):
+            raise RuntimeError(
+                f"rollout service {client.target} returned {len(completions)} completions for "
+                f"{len(request.indices)} prompts × n={request.count}"
+            )
+        for position, run_index in enumerate(request.indices):
+            results[run_index] = completions[position * request.count : (position + 1) * request.count]
+    return [completion for group in results for completion in group]
+
+
 def _as_messages(prompt: Any) -> list[dict[str, str]] | str:
     """TRL prompts are message lists (conversational) or plain strings."""
     if isinstance(prompt, str):
@@ -105,16 +135,18 @@ def _as_messages(prompt: Any) -> list[dict[str, str]] | str:
 
 
 class ServiceRollout:
-    """Callable ``rollout_func(prompts, trainer) -> dict`` backed by a rollout-service client.
+    """Callable ``rollout_func(prompts, trainer) -> dict`` backed by the rollout replicas.
 
-    ``client.generate(prompts, n, sampling)`` returns, prompt-major, objects with ``prompt_token_ids``,
+    ``client`` holds a :class:`rollout_service.client.RolloutClient` per replica (``client.client(address)``),
+    whose ``generate(prompts, n, sampling)`` returns, prompt-major, objects with ``prompt_token_ids``,
     ``token_ids``, ``logprobs`` and ``policy_version``. ``sync`` knows which version must have produced them
-    and, in sleep mode, wakes the engine, pushes the weights and puts it back to sleep around the call.
+    and which replicas serve it, and, in sleep mode, wakes the engines, pushes the weights and puts them back
+    to sleep around the call.
     """
 
     def __init__(
         self,
-        client: Any,
+        client: RolloutReplicas | None,
         sync: WeightSync,
         sampling: SamplingConfig,
         num_generations: int,
@@ -152,25 +184,44 @@ class ServiceRollout:
                 delay = min(delay * 2, 10.0)
 
     def _generate(self, prompts: list[Any], step: int) -> list[Any]:
+        """Completions of ``prompts`` in input order, each run of equal prompts sampled on one replica.
+
+        The runs are cut into contiguous shards over the replicas in ``sync.ready`` (near-equal completion
+        counts, :func:`~trainer_service.replicas.shard_bounds`), generated concurrently and concatenated.
+        """
         runs = group_runs(prompts, self.num_generations)
+        replicas = list(self.sync.ready)
+        if not replicas:
+            raise RolloutUnavailable(f"no rollout replica serves policy version {self.sync.current_version}")
+        assert self.client is not None
+        counts = [count for _, count in runs]
+        bounds = shard_bounds(counts, len(replicas))
+        # Requests (and their seeds) are numbered here, in batch order, before any thread starts.
+        shards = [self._requests(runs[start:end], step) for start, end in bounds]
+        clients = [self.client.client(replica.address) for replica in replicas[: len(bounds)]]
+        outcomes = settle(
+            [
+                lambda client=client, shard=shard, size=end - start: _generate_shard(client, shard, size)
+                for client, shard, (start, end) in zip(clients, shards, bounds, strict=True)
+            ]
+        )
+        error = first_error(outcomes)
+        if error is not None:
+            raise error
+        return merge_shards(outcomes, bounds, counts)
+
+    def _requests(self, runs: list[tuple[Any, int]], step: int) -> list[_Request]:
+        """One request per distinct group size of ``runs``; normally every run has G prompts → one."""
         by_count: dict[int, list[int]] = {}
         for index, (_, count) in enumerate(runs):
             by_count.setdefault(count, []).append(index)
-        results: list[list[Any]] = [[] for _ in runs]
-        # One request per distinct group size; normally every run has G prompts → one request.
+        requests = []
         for count, indices in sorted(by_count.items()):
             sampling = self.sampling.for_step(step, self.calls)
             self.calls += 1
             batch = [_as_messages(runs[i][0]) for i in indices]
-            completions = list(self.client.generate(batch, n=count, sampling=sampling.as_dict()))
-            if len(completions) != count * len(indices):
-                raise RuntimeError(
-                    f"rollout service returned {len(completions)} completions for {len(indices)} prompts × "
-                    f"n={count}"
-                )
-            for position, run_index in enumerate(indices):
-                results[run_index] = completions[position * count : (position + 1) * count]
-        return [completion for group in results for completion in group]
+            requests.append(_Request(batch, count, indices, sampling.as_dict()))
+        return requests
 
     @property
     def last_version(self) -> int | None:

@@ -47,26 +47,59 @@ Note for cispo: TRL clamps the ratio at `epsilon_high`, which defaults to `epsil
 
 Rollout IS correction: TRL computes `importance_sampling_ratio` (trainer vs sampler logprobs, TIS/MIS) only on
 its own vLLM path. With a `rollout_func` (the rollout service) and `vllm_importance_sampling_correction=True`
-(TRL's default) this trainer does the same after generation, from the `logprobs` the rollout_func returned:
-it adds `old_per_token_logps` (one no-grad forward, as TRL does for vLLM) and the ratio under
-`vllm_importance_sampling_mode` / `_clip_min` / `_clip_max`, and logs TRL's `sampling/*` metrics. Set
-`vllm_importance_sampling_correction=False` to train without it. Whenever the correction is on, a batch
-without the ratio is an error; a ratio present in the batch is always applied, as in TRL.
+(TRL's default) this trainer applies the same ratio under `vllm_importance_sampling_mode` / `_clip_min` /
+`_clip_max`, from the `logprobs` the rollout_func returned, and logs TRL's `sampling/*` metrics. π_θold is
+the policy at generation time. TRL's vLLM branch spends one no-grad forward over the whole batch on it; here,
+when TRL itself left `old_per_token_logps` out (the whole generation batch trains before the next optimizer
+step: `steps_per_generation` = GA, one iteration, TRL's default), the weights at generation and at the loss
+are the same, so π_θold is the loss's own forward, detached, and the ratio is computed in `_compute_loss`
+(per micro-batch, the same values) at no extra cost. When TRL did compute `old_per_token_logps`, the ratio
+is added to the batch after generation. Set `vllm_importance_sampling_correction=False` to train without it.
+Whenever the correction applies to a batch it is computed or required (a missing input is an error); a ratio
+present in the batch is always applied, as in TRL.
+
+When the correction is pure cost: the ratio ρ = π_θold / π_sampler corrects for the sampler generating from
+other weights or with other numerics than the trainer's forward. In a synchronous run that pushes the weights
+after every optimizer step (generation waits for the push) with an fp32 HF rollout engine (the same forward
+in the same precision, adapter merged: log-probs agree to ~1e-6) and an fp32 trainer, the rollout is exactly
+on-policy: ρ = 1 ± 1e-5, and multiplying by it changes the loss by less than that (where π_θold needs its
+own forward, about a fifth of a CPU step, skipping also saves that forward). `resolve_importance_sampling`
+(the run config's `training.importance_sampling`) decides, and the trainer takes the result as
+`importance_sampling=ImportanceSamplingPlan(...)`:
+
+    setting  conditions                                                    plan
+    on       -                                                             on: every generation batch
+    off      sync mode only (rejected with async rollout)                  off: never
+    auto     async rollout (completions up to max_staleness versions old)  on
+    auto     weight sync off (the service keeps other weights)             on
+    auto     engine not "hf" (vLLM: own kernels, bf16, sampler) or unknown on
+    auto     trainer in bf16/fp16 or quantized (numerics differ)           on
+    auto     otherwise (sync, pushed every step, fp32 HF engine + trainer) verify
+
+`verify` trusts but checks: the correction runs on the first generation batch and on every
+`EXACTNESS_RECHECK_BATCHES`-th one after it; while the measured max |ρ − 1| stays within
+`EXACT_RATIO_TOLERANCE` the batches in between skip it (logged as `sampling/importance_sampling_applied` 0),
+and the first check that exceeds it (a bf16 engine, another model on the service, a replica that differs)
+turns the correction on for the rest of the run, with a warning. Async rollout is never exact: a batch
+generated during the previous step comes from weights one version behind, so there it is always `on`.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from trl import GRPOConfig, GRPOTrainer
-from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import nanmax, nanmin
 
 from trainer_service import losses
+
+log = logging.getLogger(__name__)
 
 ALIASES: dict[str, str] = {"standard": "dapo"}
 
@@ -117,6 +150,85 @@ class MissingLossInputError(KeyError):
 
     def __str__(self) -> str:
         return self.message
+
+
+# A rollout counts as exactly on-policy while TRL's sampler ratio ρ stays within 1 ± this on every active
+# token (sequence-level modes: every sequence): skipping the correction changes each token's loss by < 0.1 %.
+# Measured: the fp32 HF engine vs the fp32 trainer give |ρ − 1| < 1e-5 on 32-token completions.
+EXACT_RATIO_TOLERANCE = 1e-3
+# In "verify" mode the correction runs on the first generation batch and then on every this many batches.
+EXACTNESS_RECHECK_BATCHES = 50
+
+ImportanceSamplingSetting = Literal["auto", "on", "off"]
+
+
+@dataclass(frozen=True)
+class ImportanceSamplingPlan:
+    """How a trainer with a `rollout_func` applies the rollout importance-sampling correction.
+
+    ``mode``: "on" every generation batch, "off" never, "verify" on the first batch and every
+    `EXACTNESS_RECHECK_BATCHES`-th, skipped in between while |ρ − 1| <= `EXACT_RATIO_TOLERANCE` (module
+    docstring). ``reason``: why, in words (logged at the start of training).
+    """
+
+    mode: Literal["on", "off", "verify"]
+    reason: str
+
+
+def resolve_importance_sampling(
+    setting: ImportanceSamplingSetting,
+    *,
+    async_rollout: bool,
+    weight_sync: bool,
+    rollout_engine: str | None,
+    trainer_fp32: bool,
+) -> ImportanceSamplingPlan:
+    """The plan for ``training.importance_sampling`` (table in the module docstring).
+
+    ``rollout_engine``: what the rollout service reports ("hf", "vllm"; None = could not ask).
+    ``trainer_fp32``: the trainer's forward runs in fp32 (no bf16/fp16 autocast, no quantized base).
+    Raises VariantConfigError(key="training.importance_sampling") for "off" with async rollout.
+    """
+    if setting == "on":
+        return ImportanceSamplingPlan("on", "training.importance_sampling is 'on'")
+    if setting == "off":
+        if async_rollout:
+            raise VariantConfigError(
+                "cannot be 'off' with async rollout: completions come from older weights, and only the "
+                "correction makes training on them unbiased",
+                key="training.importance_sampling",
+            )
+        return ImportanceSamplingPlan("off", "training.importance_sampling is 'off'")
+    if setting != "auto":
+        raise VariantConfigError(
+            f"must be auto, on or off, got {setting!r}", key="training.importance_sampling"
+        )
+    if async_rollout:
+        return ImportanceSamplingPlan("on", "async rollout trains on completions from older weights")
+    if not weight_sync:
+        return ImportanceSamplingPlan("on", "weight sync is off: the rollout service samples other weights")
+    if rollout_engine != "hf":
+        engine = "unknown (status unavailable)" if rollout_engine is None else repr(rollout_engine)
+        return ImportanceSamplingPlan(
+            "on", f"rollout engine {engine} is not the fp32 HF engine whose log-probs match the trainer's"
+        )
+    if not trainer_fp32:
+        return ImportanceSamplingPlan("on", "the trainer computes in bf16/fp16 or on quantized weights")
+    return ImportanceSamplingPlan(
+        "verify",
+        "sync rollout, weights pushed every step, HF engine and fp32 trainer: on-policy up to rounding; "
+        f"checked on the first batch and every {EXACTNESS_RECHECK_BATCHES}th",
+    )
+
+
+def importance_ratio_deviation(ratio: torch.Tensor, mask: torch.Tensor) -> float:
+    """max |ρ − 1| over active tokens ((B, T) ratio) or over sequences ((B, 1) ratio); 0 for an empty batch.
+    NaN entries count as infinitely far off."""
+    values = ratio.flatten() if ratio.shape[1] == 1 else ratio[mask.bool()]
+    if values.numel() == 0:
+        return 0.0
+    deviation = torch.nan_to_num((values.double() - 1.0).abs(), nan=math.inf)
+    return float(deviation.max())
 
 
 def normalize_variant(variant: str) -> str:
@@ -279,9 +391,35 @@ class VariantLossMixin:
 
     grpo_variant: str
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, importance_sampling: ImportanceSamplingPlan | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         check_args_match_variant(self.grpo_variant, self.args)
+        # The rollout_func correction: the plan (default: on exactly when GRPOConfig turns it on, as in TRL).
+        correction = bool(self.vllm_importance_sampling_correction)
+        if importance_sampling is None:
+            importance_sampling = ImportanceSamplingPlan(
+                "on" if correction else "off", "GRPOConfig.vllm_importance_sampling_correction"
+            )
+        if (importance_sampling.mode != "off") != correction:
+            raise VariantConfigError(
+                f"is {correction} but the importance-sampling plan is {importance_sampling.mode!r}; "
+                f"set it to {importance_sampling.mode != 'off'}",
+                key="GRPOConfig.vllm_importance_sampling_correction",
+            )
+        self.importance_sampling_plan = importance_sampling
+        # Generation batches seen in "verify" mode, and how the latest one per mode is corrected: "batch" (its
+        # micro-batches carry the ratio), "deferred" (the loss computes it), "none".
+        self._is_batches = 0
+        self._is_state = {
+            "train": "batch" if correction else "none",
+            "eval": "batch" if correction else "none",
+        }
+        if self.rollout_func is not None and not self.use_vllm:
+            log.info(
+                "rollout importance sampling: %s (%s)", importance_sampling.mode, importance_sampling.reason
+            )
         rollout_is = self.vllm_importance_sampling_correction and (
             self.use_vllm or self.rollout_func is not None
         )
@@ -301,42 +439,69 @@ class VariantLossMixin:
         # TRL corrects for the sampler only on its own vLLM path; a rollout_func sampler (the rollout service)
         # gets the same correction here, from the log-probs it returned.
         if self.rollout_func is not None and not self.use_vllm and self.vllm_importance_sampling_correction:
-            self._add_rollout_importance_sampling(output)
+            mode = "train" if self.model.training else "eval"
+            state = "none"
+            if self._rollout_correction_due():
+                if output.get("sampling_per_token_logps") is None:
+                    raise ValueError(
+                        "vllm_importance_sampling_correction is on but the rollout_func returned no "
+                        "'logprobs'; return the sampler's per-token log-probs or set "
+                        "vllm_importance_sampling_correction=False"
+                    )
+                if output.get("old_per_token_logps") is None:
+                    # TRL skipped π_θold: the whole batch trains before the next optimizer step, so π_θold is
+                    # the loss's own forward, detached. The ratio is computed there, with no extra forward.
+                    state = "deferred"
+                else:
+                    self._add_rollout_importance_sampling(output)
+                    state = "batch"
+            self._is_state[mode] = state
+            self._metrics[mode]["sampling/importance_sampling_applied"].append(float(state != "none"))
         return output
 
-    def _add_rollout_importance_sampling(self, output: dict[str, Any]) -> None:
-        """Add `old_per_token_logps` (if TRL skipped it) and `importance_sampling_ratio` to a generation
-        batch, with TRL's sampling metrics, exactly as TRL's vLLM branch computes them."""
-        sampling = output.get("sampling_per_token_logps")
-        if sampling is None:
-            raise ValueError(
-                "vllm_importance_sampling_correction is on but the rollout_func returned no 'logprobs'; "
-                "return the sampler's per-token log-probs or set vllm_importance_sampling_correction=False"
+    def _rollout_correction_due(self) -> bool:
+        """Whether this generation batch gets the correction under the plan (counts "verify" batches)."""
+        plan = self.importance_sampling_plan
+        if plan.mode != "verify":
+            return plan.mode == "on"
+        due = self._is_batches % EXACTNESS_RECHECK_BATCHES == 0
+        self._is_batches += 1
+        return due
+
+    def _check_exactness(self, ratio: torch.Tensor, mask: torch.Tensor) -> None:
+        """In "verify" mode: keep skipping only while max |ρ − 1| <= EXACT_RATIO_TOLERANCE, else switch on."""
+        if self.importance_sampling_plan.mode != "verify":
+            return
+        local = torch.tensor(importance_ratio_deviation(ratio.detach(), mask))
+        deviation = float(self.accelerator.gather(local.to(self.accelerator.device)).max())
+        if deviation > EXACT_RATIO_TOLERANCE:
+            log.warning(
+                "the rollout is not exactly on-policy (max |importance ratio - 1| = %.3g > %.0e): rollout "
+                "importance sampling is on for the rest of the run",
+                deviation,
+                EXACT_RATIO_TOLERANCE,
             )
-        mode = "train" if self.model.training else "eval"
+            self.importance_sampling_plan = ImportanceSamplingPlan(
+                "on", f"verification measured max |ratio - 1| = {deviation:.3g} > {EXACT_RATIO_TOLERANCE:.0e}"
+            )
+
+    def _add_rollout_importance_sampling(self, output: dict[str, Any]) -> None:
+        """Add `importance_sampling_ratio` to a generation batch that carries `old_per_token_logps` (TRL
+        computed them: the batch spans optimizer steps), with TRL's sampling metrics, as TRL's vLLM branch."""
         mask = output["completion_mask"]
         if output.get("tool_mask") is not None:
             mask = mask * output["tool_mask"]
-        old = output.get("old_per_token_logps")
-        if old is None:
-            batch_size = (
-                self.args.per_device_train_batch_size
-                if mode == "train"
-                else self.args.per_device_eval_batch_size
-            )
-            with (
-                torch.no_grad(),
-                disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
-            ):
-                old, _, _ = self._get_per_token_logps_and_entropies(
-                    self.model,
-                    torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1),
-                    torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1),
-                    output["completion_ids"].size(1),
-                    batch_size=batch_size,
-                    **{key: output.get(key) for key in _FORWARD_KEYS},
-                )
-            output["old_per_token_logps"] = old
+        mode = "train" if self.model.training else "eval"
+        output["importance_sampling_ratio"] = self._rollout_ratio(
+            output["old_per_token_logps"], output["sampling_per_token_logps"], mask, mode
+        )
+
+    def _rollout_ratio(
+        self, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor, mode: str
+    ) -> torch.Tensor:
+        """TRL's sampler ratio ρ(π_θold, π_sampler) under `vllm_importance_sampling_mode`, its `sampling/*`
+        metrics, and the "verify" check. Shapes (B, T) → (B, T) or (B, 1) for sequence-level modes."""
+        old = old.detach()
         ratio = losses.rollout_importance_ratio(
             old,
             sampling,
@@ -345,8 +510,7 @@ class VariantLossMixin:
             self.vllm_importance_sampling_clip_min,
             self.vllm_importance_sampling_clip_max,
         )
-        output["importance_sampling_ratio"] = ratio
-
+        self._check_exactness(ratio, mask)
         metrics = self._metrics[mode]
         active = mask.bool()
         delta = torch.abs(old - sampling)
@@ -368,6 +532,7 @@ class VariantLossMixin:
         metrics["sampling/importance_sampling_ratio/max"].append(
             nanmax(self.accelerator.gather(flat.max() if flat.numel() else zero)).item()
         )
+        return ratio
 
     def _require(self, inputs: Mapping[str, Any], key: str, why: str) -> Any:
         if key not in inputs or inputs[key] is None:
@@ -417,9 +582,22 @@ class VariantLossMixin:
                 self.off_policy_mask_threshold,
             )
 
-        if self.vllm_importance_sampling_correction and (self.use_vllm or self.rollout_func is not None):
-            self._require(inputs, "importance_sampling_ratio", "vllm_importance_sampling_correction is on")
+        # TRL's vLLM path corrects every batch; a rollout_func batch as the plan decided at its generation:
+        # with the ratio in the batch, or deferred to here (π_θold = this forward, detached).
         is_ratio = inputs.get("importance_sampling_ratio")
+        state = self._is_state["train" if self.model.training else "eval"]
+        if self.vllm_importance_sampling_correction and self.rollout_func is not None and not self.use_vllm:
+            if state == "deferred" and is_ratio is None:
+                sampling = self._require(inputs, "sampling_per_token_logps", "the rollout importance ratio")
+                is_ratio = self._rollout_ratio(
+                    per_token_logps, sampling, mask, "train" if self.model.training else "eval"
+                )
+            elif state == "batch":
+                self._require(
+                    inputs, "importance_sampling_ratio", "vllm_importance_sampling_correction is on"
+                )
+        elif self.vllm_importance_sampling_correction and self.use_vllm:
+            self._require(inputs, "importance_sampling_ratio", "vllm_importance_sampling_correction is on")
 
         params = loss_params_from_args(self.args, self.epsilon_low, self.epsilon_high)
         policy = losses.policy_loss(

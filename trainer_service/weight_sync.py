@@ -1,11 +1,21 @@
-"""Keep the rollout service generating from the trainer's current policy.
+"""Keep every rollout replica generating from the trainer's current policy.
 
-Versions: the trainer owns a counter. Each push sends the weights with ``version = last + 1`` (the first push
-of a run uses the service's version + 1, because the service only accepts increasing versions), and every
-completion of the next generation must carry exactly that version (checked in :mod:`trainer_service.rollout`).
-Without sleep mode the trainer pushes once at the start of training (initial or resumed weights) and after
-every optimizer step, so ``policy_version = version_at_start + global_step`` and generation for step k+1
-always sees the weights of step k.
+Versions: the trainer owns a counter. Each push sends the weights with ``version = last + 1`` to every replica
+(the first push of a run, and a push to a replica whose version is unknown, uses the highest version the
+replicas report + 1, because a replica only accepts increasing versions), and every completion of the next
+generation must carry exactly that version (checked in :mod:`trainer_service.rollout`). Without sleep mode the
+trainer pushes once at the start of training (initial or resumed weights) and after every optimizer step, so
+``policy_version = version_at_start + global_step`` and generation for step k+1 always sees the weights of
+step k.
+
+Replicas (:mod:`trainer_service.replicas`): the membership is resolved again before every push and every
+generation (``dns:///`` targets follow the pods a headless Service lists). A push goes to every member at
+once, one thread per replica, and returns when all have answered. Before each generation every member's
+``GetStatus`` is read: a member that is new, restarted (behind the trainer's version) or lost its weights
+(``weights_valid`` false) makes the trainer push its current weights to every member under a new version, so
+all replicas always serve the same version, and the step generates only when all of them have it. A listed
+member that does not answer makes the step wait with backoff (:class:`RolloutUnavailable`); one that DNS no
+longer lists is simply not a member any more.
 
 With ``vllm_sleep_mode`` (trainer and rollout engine share one accelerator) the engine sleeps while the
 trainer computes, and around each generation the order is: wake → push → generate → sleep, all before the
@@ -15,8 +25,9 @@ served the base model).
 
 What is pushed: a PEFT model sends its adapter (``get_peft_model_state_dict`` + ``adapter_config.json``); a
 full fine-tune sends the whole state dict. Under DeepSpeed ZeRO-3 or FSDP, gathering the state dict is
-collective, so every rank calls :meth:`WeightSync.push`; only the main process talks to the service, and the
-new version is broadcast so every rank checks its own completions against it.
+collective, so every rank calls :meth:`WeightSync.push`; only the main process talks to the replicas' weight
+RPCs, and the new version and the members serving it are broadcast, so every rank generates on those members
+and checks its own completions against that version.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -35,6 +46,9 @@ from peft import PeftModel, get_peft_model_state_dict
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import ExportableState
 
+from rollout_service.core.payload import encode
+from trainer_service.replicas import ReplicaAddress, RolloutReplicas, RolloutUnavailable, settle
+
 log = logging.getLogger(__name__)
 
 
@@ -42,30 +56,58 @@ log = logging.getLogger(__name__)
 RETRYABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
 
 
-class RolloutUnavailable(RuntimeError):
-    """The rollout service could not be reached for a weight operation; retry later."""
+class RolloutReplicaError(RuntimeError):
+    """A rollout replica answered with an error that waiting will not fix, or the replicas disagree."""
 
 
-class WeightPushError(RuntimeError):
-    """The rollout service refused a weight update (bad payload, version, auth, ...)."""
+class WeightPushError(RolloutReplicaError):
+    """A rollout replica refused a weight update (bad payload, version, auth, ...)."""
+
+
+def _describe(address: str, operation: str, error: Exception) -> str:
+    if isinstance(error, grpc.RpcError):
+        return f"{operation} on {address} failed: {error.code().name} {error.details() or ''}".rstrip()
+    return f"{operation} on {address} failed: {type(error).__name__}: {error}"
+
+
+def _retryable(error: Exception) -> bool:
+    """A replica that is down or restarting (or was just dropped from the membership)."""
+    if isinstance(error, grpc.RpcError):
+        return error.code().name in RETRYABLE_CODES
+    return isinstance(error, RolloutUnavailable)
 
 
 class WeightSync:
-    """Pushes policy weights to the rollout service and knows which version it must be serving.
+    """Pushes policy weights to every rollout replica and knows which version they must be serving.
 
-    ``client`` is a :class:`rollout_service.client.RolloutClient` (``push_lora``, ``push_state_dict``,
-    ``status``, ``sleep``, ``wake_up``).
+    ``client``: the :class:`~trainer_service.replicas.RolloutReplicas` of the run (each member's
+    :class:`rollout_service.client.RolloutClient`: ``push_weights``, ``status``, ``sleep``,
+    ``wake_up``). ``ready`` lists the members serving ``current_version``: generation goes there.
     """
 
-    def __init__(self, client: Any, *, enabled: bool = True, sleep_mode: bool = False, sleep_level: int = 1):
-        self.client = client
+    def __init__(
+        self,
+        client: RolloutReplicas | None,
+        *,
+        enabled: bool = True,
+        sleep_mode: bool = False,
+        sleep_level: int = 1,
+    ):
+        self.replicas = client
         self.enabled = enabled
         self.sleep_mode = sleep_mode
         self.sleep_level = sleep_level
-        # Version the service serves for this run (None until the first push or status read).
+        # Version the replicas serve for this run (None until the first push or status read).
         self.current_version: int | None = None
-        # True from the start of a push until it succeeded: the service may serve older weights.
+        # True from the start of a push until a version was given to the weights and reached a replica.
         self.push_pending = True
+        # Members serving current_version (every rank), in membership order. Replaced, never mutated: the
+        # async prefetch thread reads it.
+        self.ready: list[ReplicaAddress] = []
+        # Main process: addresses known to serve current_version (no GetStatus needed before a push).
+        self._synced: set[str] = set()
+        # Sleep mode, main process: the members woken for this generation (pushed to, then put to sleep).
+        self._awake: list[ReplicaAddress] | None = None
         self.pushes = 0
         self.last_push_seconds = 0.0
         self.total_push_seconds = 0.0
@@ -82,10 +124,155 @@ class WeightSync:
             return value
         return broadcast_object_list([value], from_process=0)[0]
 
+    def _on_main(self, trainer: Any, work: Callable[[], Any]) -> Any:
+        """``work()`` on the main process, its result on every rank; its RolloutUnavailable or
+        RolloutReplicaError (WeightPushError) is raised on every rank, so no rank waits in a collective alone.
+        """
+        outcome: tuple[str, Any] | None = None
+        if self._is_main(trainer):
+            try:
+                outcome = ("ok", work())
+            except RolloutUnavailable as error:
+                outcome = ("unavailable", str(error))
+            except WeightPushError as error:
+                outcome = ("refused", str(error))
+            except RolloutReplicaError as error:
+                outcome = ("failed", str(error))
+        kind, value = self._share(trainer, outcome)
+        if kind == "unavailable":
+            raise RolloutUnavailable(value)
+        if kind == "refused":
+            raise WeightPushError(value)
+        if kind == "failed":
+            raise RolloutReplicaError(value)
+        return value
+
+    def _set_ready(self, trainer: Any, members: list[ReplicaAddress]) -> None:
+        """Every rank generates on ``members``; other ranks open clients for them."""
+        if not self._is_main(trainer) and self.replicas is not None:
+            self.replicas.adopt(members)
+        self.ready = list(members)
+
+    # -- main-process work on the replicas ------------------------------------------------------------------
+    def _members(self) -> list[ReplicaAddress]:
+        """Resolve the targets again; no member at all is a replica set that is down."""
+        assert self.replicas is not None
+        members = self.replicas.refresh()
+        if not members:
+            raise RolloutUnavailable(f"no rollout replica behind {', '.join(self.replicas.targets)}")
+        self._synced &= {m.address for m in members}
+        return members
+
+    def _each(self, members: list[ReplicaAddress], call: Callable[[Any], Any]) -> list[Any]:
+        """``call(client)`` on every member concurrently; results or exceptions, in member order."""
+        assert self.replicas is not None
+        replicas = self.replicas
+
+        def on(address: str) -> Callable[[], Any]:
+            return lambda: call(replicas.client(address))
+
+        return settle([on(m.address) for m in members])
+
+    def _require(self, members: list[ReplicaAddress], outcomes: list[Any], operation: str) -> None:
+        """Raise when any member failed: RolloutUnavailable (wait and retry) or RolloutReplicaError."""
+        failed = [(m.address, o) for m, o in zip(members, outcomes, strict=True) if isinstance(o, Exception)]
+        if not failed:
+            return
+        message = "; ".join(_describe(address, operation, error) for address, error in failed)
+        if all(_retryable(error) for _, error in failed):
+            raise RolloutUnavailable(message)
+        raise RolloutReplicaError(message)
+
+    def _statuses(self, members: list[ReplicaAddress]) -> list[Any]:
+        """Every member's GetStatus; any member that does not answer raises."""
+        outcomes = self._each(members, lambda client: client.status())
+        self._require(members, outcomes, "GetStatus")
+        return outcomes
+
+    def _push_everywhere(
+        self, state_dict: dict[str, torch.Tensor], adapter_config: dict[str, Any] | None
+    ) -> tuple[int, list[ReplicaAddress], str]:
+        """Push the weights to every member under the next version.
+
+        Returns (version, members that applied it, what failed or ""). The version exceeds the trainer's
+        last one and the version of every member not known to serve it (new, restarted or failed before),
+        so no member refuses it as old. Raises RolloutUnavailable when no member took it (nothing changed),
+        WeightPushError when a member refused it.
+        """
+        members = self._awake if self._awake is not None else self._members()
+        unknown = [m for m in members if m.address not in self._synced]
+        statuses = self._each(unknown, lambda client: client.status())
+        seen = [int(s.policy_version) for s in statuses if not isinstance(s, Exception)]
+        if self.current_version is not None:
+            seen.append(self.current_version)
+        if not seen:
+            self._require(unknown, statuses, "GetStatus")
+        version = max(seen) + 1
+        unreachable = {m.address for m, s in zip(unknown, statuses, strict=True) if isinstance(s, Exception)}
+        targets = [m for m in members if m.address not in unreachable]
+
+        # Serialised and hashed once, then streamed to every member from the same views.
+        payload = encode(state_dict)
+        payload.sha256  # noqa: B018 - computed here, not concurrently in each sender thread
+        fmt = "lora" if adapter_config is not None else "state_dict"
+
+        def send(client: Any) -> Any:
+            return client.push_weights(payload, version, fmt, adapter_config)
+
+        outcomes = self._each(targets, send)
+        problems = [
+            _describe(m.address, "GetStatus", s)
+            for m, s in zip(unknown, statuses, strict=True)
+            if m.address in unreachable
+        ]
+        applied: list[ReplicaAddress] = []
+        refused: list[str] = []
+        for member, outcome in zip(targets, outcomes, strict=True):
+            if not isinstance(outcome, Exception):
+                applied.append(member)
+            elif _retryable(outcome):
+                problems.append(_describe(member.address, f"weight push of version {version}", outcome))
+            else:
+                refused.append(_describe(member.address, f"weight push of version {version}", outcome))
+        self._synced = {m.address for m in applied}
+        if refused:
+            raise WeightPushError("the rollout replica refused the weights: " + "; ".join(refused))
+        if not applied:
+            raise RolloutUnavailable("weight push failed: " + "; ".join(problems))
+        return version, applied, "; ".join(problems)
+
+    def _behind(self) -> tuple[bool, list[ReplicaAddress]]:
+        """(whether any member lacks ``current_version``, the members), from every member's GetStatus."""
+        members = self._members()
+        statuses = self._statuses(members)
+        behind = [
+            m.address
+            for m, s in zip(members, statuses, strict=True)
+            if int(s.policy_version) != self.current_version or not s.weights_valid
+        ]
+        if behind:
+            log.info("rollout replicas %s do not serve version %s", ", ".join(behind), self.current_version)
+        else:
+            self._synced = {m.address for m in members}
+        return bool(behind), members
+
+    def _common_version(self) -> tuple[int, list[ReplicaAddress]]:
+        """The version every member serves (sync off); replicas that disagree have no one version."""
+        members = self._members()
+        statuses = self._statuses(members)
+        versions = {m.address: int(s.policy_version) for m, s in zip(members, statuses, strict=True)}
+        if len(set(versions.values())) > 1:
+            raise RolloutReplicaError(
+                f"training.weight_sync is off and the rollout replicas serve different versions {versions}; "
+                "every completion must come from one version"
+            )
+        return next(iter(versions.values())), members
+
     def _service_version(self, trainer: Any) -> int:
-        """The service's current version, read by the main process and shared (collective)."""
-        version = self._status_version() if self._is_main(trainer) else None
-        return int(self._share(trainer, version))
+        """The version the replicas serve now (read by the main process and shared; collective)."""
+        version, members = self._on_main(trainer, self._common_version)
+        self._set_ready(trainer, members)
+        return int(version)
 
     # -- pushing --------------------------------------------------------------------------------------------
     def payload(self, trainer: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
@@ -102,42 +289,30 @@ class WeightSync:
         return _detached(full), None
 
     def push(self, trainer: Any) -> int:
-        """Send the current weights with the next version; every rank returns that version.
+        """Send the current weights to every replica with the next version; every rank returns that version.
 
-        A failure on the main process is shared with every rank (no rank is left waiting in a collective):
-        a service that is down or restarting raises :class:`RolloutUnavailable` and leaves the push pending,
-        so the next generation pushes again; any other error raises :class:`WeightPushError`.
+        A failure on the main process is shared with every rank (no rank is left waiting in a collective).
+        When no replica could be reached, :class:`RolloutUnavailable` is raised and the push stays pending,
+        so the next generation pushes again. When some replicas took the version and others could not be
+        reached, the version is the trainer's (``ready`` = those that took it) and RolloutUnavailable is
+        raised after recording it; the next generation finds the others behind and pushes again. A refusal
+        raises :class:`WeightPushError`.
         """
         started = time.perf_counter()
         self.push_pending = True
         state_dict, adapter_config = self.payload(trainer)
-        outcome: int | tuple[str, str] | None = None
-        if self._is_main(trainer):
-            try:
-                base = self.current_version if self.current_version is not None else self._status_version()
-                version = base + 1
-                if adapter_config is not None:
-                    self.client.push_lora(state_dict, version=version, adapter_config=adapter_config)
-                else:
-                    self.client.push_state_dict(state_dict, version=version)
-                outcome = version
-            except grpc.RpcError as error:
-                outcome = (error.code().name, error.details() or "")
-        outcome = self._share(trainer, outcome)
-        if not isinstance(outcome, int):
-            code, details = outcome
-            if code in RETRYABLE_CODES:
-                raise RolloutUnavailable(f"weight push failed: {code} {details}")
-            raise WeightPushError(f"the rollout service refused the weights: {code} {details}")
-        self.current_version = outcome
+        version, applied, problems = self._on_main(
+            trainer, lambda: self._push_everywhere(state_dict, adapter_config)
+        )
+        self.current_version = int(version)
         self.push_pending = False
+        self._set_ready(trainer, applied)
         self.pushes += 1
         self.last_push_seconds = time.perf_counter() - started
         self.total_push_seconds += self.last_push_seconds
-        return outcome
-
-    def _status_version(self) -> int:
-        return int(self.client.status().policy_version)
+        if problems:
+            raise RolloutUnavailable(f"version {version} reached {len(applied)} replica(s) only: {problems}")
+        return int(version)
 
     def on_train_begin(self, trainer: Any) -> None:
         """Push the initial (or resumed) weights; with sync off, adopt whatever version the service has."""
@@ -158,28 +333,45 @@ class WeightSync:
         try:
             self.push(trainer)
         except RolloutUnavailable as error:
-            # The next generation waits for the service and pushes these weights (push_pending).
+            # The next generation waits for the replicas and pushes to those that lack these weights.
             log.warning("%s; the push is retried before the next generation", error)
+
+    def _wake_all(self) -> list[ReplicaAddress]:
+        members = self._members()
+        self._require(members, self._each(members, lambda client: client.wake_up()), "WakeUp")
+        return members
+
+    def _sleep_all(self) -> None:
+        members, self._awake = self._awake or [], None
+        self._require(members, self._each(members, lambda client: client.sleep(self.sleep_level)), "Sleep")
 
     @contextmanager
     def generation(self, trainer: Any) -> Iterator[int]:
         """Bracket one generation; yields the version every completion must carry.
 
-        Sleep mode: the main process wakes the engine, the weights are pushed (after every wake), all ranks
-        generate, then the main process puts the engine back to sleep, before the trainer's forward pass.
+        Every replica serves that version when the body runs (``ready`` lists them all); otherwise this
+        raises RolloutUnavailable and the caller retries. Sleep mode: the main process wakes every replica,
+        the weights are pushed (after every wake), all ranks generate, then the main process puts the
+        replicas back to sleep, before the trainer's forward pass.
         """
         if not self.sleep_mode:
             if not self.enabled:
-                # Sync off: the service keeps whatever it serves; expect its version as it is now.
+                # Sync off: the replicas keep whatever they serve; expect their version as it is now.
                 self.current_version = self._service_version(trainer)
-            elif self.push_pending or self._service_version(trainer) != self.current_version:
-                # Never pushed, a push that failed, or the service restarted (it came back with its base
-                # weights and version): push the current weights again.
+            elif self.push_pending:
+                # Never pushed, or a push that reached no replica.
                 self.push(trainer)
+            else:
+                # A replica that joined, restarted (base weights, version 0) or lost its weights: push the
+                # current weights again, to every replica, under a new version.
+                behind, members = self._on_main(trainer, self._behind)
+                if behind:
+                    self.push(trainer)
+                else:
+                    self._set_ready(trainer, members)
             yield self.current_version
             return
-        if self._is_main(trainer):
-            self.client.wake_up()
+        self._awake = self._on_main(trainer, self._wake_all)
         if self.enabled:
             self.push(trainer)
         elif self.current_version is None:
@@ -189,8 +381,10 @@ class WeightSync:
             yield self.current_version
         finally:
             trainer.accelerator.wait_for_everyone()
-            if self._is_main(trainer):
-                self.client.sleep(self.sleep_level)
+            try:
+                self._on_main(trainer, self._sleep_all)
+            finally:
+                self._awake = None
 
 
 def _detached(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

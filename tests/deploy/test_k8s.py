@@ -303,13 +303,21 @@ def test_reward_stays_available_during_rolling_updates(overlay):
     assert find(objects, "Deployment", "trainer")["spec"]["strategy"] == {"type": "Recreate"}
 
 
-@pytest.mark.parametrize("overlay", ["cpu", "gpu"])
-def test_rollout_replicas_are_published_by_a_headless_service(overlay):
+@pytest.mark.parametrize(("overlay", "replicas"), [("cpu", 2), ("cpu-sandboxed", 2), ("gpu", 1)])
+def test_rollout_replicas_are_published_by_a_headless_service(overlay, replicas):
+    """The trainer follows the headless Service (dns:///), so every ready replica gets every weight version;
+    the Deployment scales (2 replicas on CPU, one per GPU on the gpu overlay)."""
     objects = render(overlay)
     service = find(objects, "Service", "rollout-headless")["spec"]
     assert service["clusterIP"] == "None"
-    assert service["selector"] == find(objects, "Deployment", "rollout")["spec"]["selector"]["matchLabels"]
+    # Only ready pods are listed: a replica still loading its model never gets a push or a shard.
+    assert not service.get("publishNotReadyAddresses", False)
+    rollout = find(objects, "Deployment", "rollout")["spec"]
+    assert service["selector"] == rollout["selector"]["matchLabels"]
     assert service["ports"][0]["port"] == 50052
+    assert rollout["replicas"] == replicas
+    spread = rollout["template"]["spec"]["topologySpreadConstraints"]
+    assert spread[0]["labelSelector"]["matchLabels"] == rollout["selector"]["matchLabels"]
     train = yaml.safe_load(config_files(overlay)["train.yaml"])
     assert train["services"]["rollout"] == "dns:///rollout-headless.grpo.svc.cluster.local:50052"
 
@@ -384,6 +392,7 @@ def test_mounted_configs_are_accepted_by_the_services(overlay, tmp_path):
     from reward_service.settings import load_settings as load_reward_settings
     from rollout_service.core.settings import RolloutSettings
     from trainer_service.config import parse_config
+    from trainer_service.replicas import parse_target
 
     files = config_files(overlay)
     assert set(files) == {"reward.yaml", "rollout.yaml", "trainer.yaml", "train.yaml"}
@@ -399,6 +408,9 @@ def test_mounted_configs_are_accepted_by_the_services(overlay, tmp_path):
     run = parse_config(files["train.yaml"])
     assert run.output == "/var/lib/grpo/runs"
     assert run.services.admin_token_file == "/var/run/secrets/grpo/token"
+    # Read as a list of targets; the headless Service's name is resolved (not pinned) by the trainer.
+    [target] = run.services.rollout
+    assert parse_target(target).dynamic is (overlay != "gpu-colocated")
 
 
 def test_sandboxed_overlay_uses_the_shipped_reward_seccomp_profile():

@@ -1,0 +1,87 @@
+"""`training.importance_sampling: auto` against REAL reward and rollout (HF engine, fp32, CPU) services,
+and the CPU thread split of async runs.
+
+Sync mode with a push every step is exactly on-policy: the first batch is corrected and measured (ratio 1
+within 1e-3), the next ones skip the extra forward. Async mode always corrects (batches from older weights).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_runtime.client import ChannelConfig
+from trainer_service.callbacks import read_metrics
+from trainer_service.config import parse_config
+from trainer_service.job import importance_sampling_plan, rollout_engine, run_job
+from trainer_service.launcher import LocalServices, free_port, start_local_services
+from trainer_service.variant_trainer import EXACT_RATIO_TOLERANCE
+
+pytestmark = pytest.mark.slow
+
+
+def run_config(tiny_models, services: LocalServices, train_file: Path, output: Path, **training) -> dict:
+    return {
+        "base": str(tiny_models["policy"]),
+        "output": str(output),
+        "data": {"train": str(train_file)},
+        "training": {
+            "batch_size": 4,
+            "num_generations": 2,
+            "max_completion_length": 8,
+            "lr": 1e-3,
+            "reward_fn": "accuracy",
+            "lora": {"r": 4, "alpha": 8},
+            "seed": 7,
+            **training,
+        },
+        "services": {"reward": services.reward.target, "rollout": services.rollout.target},
+    }
+
+
+def test_auto_plan_asks_the_rollout_service_for_its_engine(tiny_models, services, train_file, tmp_path):
+    channel = ChannelConfig(target=services.rollout.target)
+    assert rollout_engine(channel) == "hf"
+    sync = parse_config(run_config(tiny_models, services, train_file, tmp_path))
+    assert importance_sampling_plan(sync, "cpu", channel).mode == "verify"
+    asynchronous = parse_config(run_config(tiny_models, services, train_file, tmp_path, async_rollout=True))
+    assert importance_sampling_plan(asynchronous, "cpu", channel).mode == "on"
+    # A service that does not answer: the engine is unknown, so the correction stays on.
+    nobody = ChannelConfig(target=f"127.0.0.1:{free_port()}", retry_max_attempts=1)
+    assert rollout_engine(nobody) is None
+    assert importance_sampling_plan(sync, "cpu", nobody).mode == "on"
+
+
+def test_sync_auto_verifies_the_first_batch_then_skips_the_correction(
+    tiny_models, services, train_file, tmp_path
+):
+    config = parse_config(run_config(tiny_models, services, train_file, tmp_path / "sync", max_steps=3))
+    records = read_metrics(run_job(config).metrics_path)
+    assert [r["sampling/importance_sampling_applied"] for r in records] == [1.0, 0.0, 0.0]
+    first = records[0]
+    assert first["sampling/importance_sampling_ratio/min"] >= 1 - EXACT_RATIO_TOLERANCE
+    assert first["sampling/importance_sampling_ratio/max"] <= 1 + EXACT_RATIO_TOLERANCE
+    assert first["sampling/sampling_logp_difference/max"] < 1e-4
+    assert all("sampling/importance_sampling_ratio/mean" not in r for r in records[1:])
+
+
+def test_async_auto_corrects_every_batch(tiny_models, services, train_file, tmp_path):
+    config = parse_config(
+        run_config(tiny_models, services, train_file, tmp_path / "async", max_steps=3, async_rollout=True)
+    )
+    threads = torch.get_num_threads()
+    records = read_metrics(run_job(config).metrics_path)
+    assert [r["sampling/importance_sampling_applied"] for r in records] == [1.0, 1.0, 1.0]
+    assert all("sampling/importance_sampling_ratio/mean" in r for r in records)
+    # The async job split the cores with the loopback rollout service, then gave the caller its threads back.
+    assert torch.get_num_threads() == threads
+
+
+def test_local_rollout_service_starts_with_the_requested_threads(tiny_models, tmp_path):
+    with start_local_services(
+        need_reward=False, need_rollout=True, model=tiny_models["policy"], log_dir=tmp_path, rollout_threads=1
+    ) as local:
+        environ = Path(f"/proc/{local.rollout.process.pid}/environ").read_bytes().split(b"\0")
+    assert b"OMP_NUM_THREADS=1" in environ and b"MKL_NUM_THREADS=1" in environ
