@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -33,6 +34,18 @@ class SampleError(Exception):
 
 def chat_messages(messages: tuple[Message, ...] | list[Message]) -> list[dict[str, str]]:
     return [{"role": m.role, "content": m.content} for m in messages]
+
+
+def right_padded(sequences: list[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask), both (B, T) int64 with T the longest sequence: each row right-padded
+    with ``pad_token_id`` and masked (0) after its own tokens."""
+    width = max(len(ids) for ids in sequences)
+    input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, ids in enumerate(sequences):
+        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, : len(ids)] = 1
+    return input_ids, attention_mask
 
 
 class RewardModelEngine(abc.ABC):
@@ -127,13 +140,7 @@ class RewardModelEngine(abc.ABC):
         return getattr(model, model.base_model_prefix)
 
     def _plain_inputs(self, batch: list[Encoded]) -> dict[str, Any]:
-        pad = self.loaded.pad_token_id
-        width = max(e.num_tokens for e in batch)
-        input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, encoded in enumerate(batch):
-            input_ids[row, : encoded.num_tokens] = torch.tensor(encoded.input_ids, dtype=torch.long)
-            attention_mask[row, : encoded.num_tokens] = 1
+        input_ids, attention_mask = right_padded([e.input_ids for e in batch], self.loaded.pad_token_id)
         device = self.loaded.device
         # use_cache=False: nothing is generated after this forward, so no KV cache is built.
         return {
@@ -154,13 +161,8 @@ class RewardModelEngine(abc.ABC):
         for size in sizes:
             chunk = todo[start : start + size]
             start += size
-            width = chunk[-1].num_tokens
-            pad = self.loaded.pad_token_id
-            input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for row, prefix in enumerate(chunk):
-                input_ids[row, : prefix.num_tokens] = torch.tensor(prefix.input_ids, dtype=torch.long)
-                attention_mask[row, : prefix.num_tokens] = 1
+            input_ids, attention_mask = right_padded([p.input_ids for p in chunk], self.loaded.pad_token_id)
+            width = input_ids.shape[1]
             device = self.loaded.device
             out = self._backbone()(
                 input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), use_cache=True
