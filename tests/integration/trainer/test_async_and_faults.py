@@ -17,39 +17,19 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.integration.trainer.conftest import CrashAndRestart, run_config
 from trainer_service.callbacks import read_metrics
 from trainer_service.config import parse_config
-from trainer_service.events import JobEvent, RunState
+from trainer_service.events import RunState
 from trainer_service.job import run_job
-from trainer_service.launcher import free_port, start_service
+from trainer_service.launcher import ServiceProcess, free_port, start_service
 
 pytestmark = pytest.mark.slow
-
-
-def run_config(tiny_models, reward: str, rollout: str, train_file: Path, output: Path, **training) -> dict:
-    return {
-        "base": str(tiny_models["policy"]),
-        "output": str(output),
-        "data": {"train": str(train_file)},
-        "training": {
-            "batch_size": 4,
-            "num_generations": 2,
-            "max_completion_length": 8,
-            "lr": 1e-3,
-            "reward_fn": "accuracy:1.0,repetition_penalty:0.5",
-            "lora": {"r": 4, "alpha": 8},
-            "seed": 7,
-            **training,
-        },
-        "services": {"reward": reward, "rollout": rollout, "retry_timeout_s": 120},
-    }
 
 
 @pytest.mark.parametrize("max_staleness", [1, 0])
@@ -59,10 +39,11 @@ def test_async_rollout_never_trains_beyond_the_staleness_bound(
     steps = 5
     config = run_config(
         tiny_models,
-        services.reward.target,
-        services.rollout.target,
         train_file,
         tmp_path / "async",
+        services.reward.target,
+        services.rollout.target,
+        retry_timeout_s=120,
         max_steps=steps,
         async_rollout=True,
         max_staleness=max_staleness,
@@ -96,37 +77,27 @@ def test_reward_service_killed_and_restarted_mid_run(tiny_models, services, trai
     (the reward client retries within services.retry_timeout_s), and every step has a finite reward."""
     port = free_port()
     logs = tmp_path / "logs"
-    box = {"reward": start_service("reward_service", [], port=port, log_dir=logs)}
+
+    def start() -> ServiceProcess:
+        return start_service("reward_service", [], port=port, log_dir=logs)
+
+    # The restart waits long enough that step 3's Score call finds the service down.
+    crash = CrashAndRestart(start(), start, delay_s=3.0)
     config = run_config(
-        tiny_models, box["reward"].target, services.rollout.target, train_file, tmp_path / "rf", max_steps=4
+        tiny_models,
+        train_file,
+        tmp_path / "rf",
+        crash.service.target,
+        services.rollout.target,
+        retry_timeout_s=120,
+        max_steps=4,
     )
-    restarted = threading.Event()
-
-    def restart() -> None:
-        time.sleep(3.0)  # long enough that step 3's Score call finds the service down
-        try:
-            box["reward"] = start_service("reward_service", [], port=port, log_dir=logs)
-        except Exception as error:  # reported by the assertion below, with the service log
-            box["restart_error"] = error
-        restarted.set()
-
-    def kill_after_step_2(event: JobEvent) -> None:
-        if event.step == 2 and event.metrics and "killed" not in box:
-            box["killed"] = time.monotonic()
-            os.kill(box["reward"].process.pid, signal.SIGKILL)
-            box["reward"].process.wait()
-            threading.Thread(target=restart, daemon=True).start()
-
     try:
-        result = run_job(parse_config(config), sink=kill_after_step_2)
+        result = run_job(parse_config(config), sink=crash)
     finally:
-        restarted.wait(timeout=300)
-        box["reward"].stop()
-    assert box.get("killed") and restarted.is_set()
-    if "restart_error" in box:
-        pytest.fail(
-            f"restart failed: {box['restart_error']}\n{(logs / 'reward_service.log').read_text()[-2000:]}"
-        )
+        crash.restarted.wait(timeout=300)
+        crash.service.stop()
+    crash.check()
     assert result.state is RunState.COMPLETED and result.step == 4
     records = read_metrics(result.metrics_path)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
@@ -145,10 +116,11 @@ def test_trainer_process_killed_then_resumed_reaches_the_same_final_step(
     output = tmp_path / "killed"
     config = run_config(
         tiny_models,
-        services.reward.target,
-        services.rollout.target,
         train_file,
         output,
+        services.reward.target,
+        services.rollout.target,
+        retry_timeout_s=120,
         max_steps=6,
         save_steps=2,
     )

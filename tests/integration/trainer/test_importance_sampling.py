@@ -13,40 +13,33 @@ import pytest
 import torch
 
 from grpo_runtime.client import ChannelConfig
+from tests.integration.trainer.conftest import run_config
 from trainer_service.callbacks import read_metrics
 from trainer_service.config import parse_config
 from trainer_service.job import importance_sampling_plan, rollout_engine, run_job
-from trainer_service.launcher import LocalServices, free_port, start_local_services
+from trainer_service.launcher import free_port, start_local_services
 from trainer_service.variant_trainer import EXACT_RATIO_TOLERANCE
 
 pytestmark = pytest.mark.slow
 
 
-def run_config(tiny_models, services: LocalServices, train_file: Path, output: Path, **training) -> dict:
-    return {
-        "base": str(tiny_models["policy"]),
-        "output": str(output),
-        "data": {"train": str(train_file)},
-        "training": {
-            "batch_size": 4,
-            "num_generations": 2,
-            "max_completion_length": 8,
-            "lr": 1e-3,
-            "reward_fn": "accuracy",
-            "lora": {"r": 4, "alpha": 8},
-            "seed": 7,
-            **training,
-        },
-        "services": {"reward": services.reward.target, "rollout": services.rollout.target},
-    }
-
-
 def test_auto_plan_asks_the_rollout_service_for_its_engine(tiny_models, services, train_file, tmp_path):
     channel = ChannelConfig(target=services.rollout.target)
     assert rollout_engine(channel) == "hf"
-    sync = parse_config(run_config(tiny_models, services, train_file, tmp_path))
+    sync = parse_config(
+        run_config(tiny_models, train_file, tmp_path, services.reward.target, services.rollout.target)
+    )
     assert importance_sampling_plan(sync, "cpu", channel).mode == "verify"
-    asynchronous = parse_config(run_config(tiny_models, services, train_file, tmp_path, async_rollout=True))
+    asynchronous = parse_config(
+        run_config(
+            tiny_models,
+            train_file,
+            tmp_path,
+            services.reward.target,
+            services.rollout.target,
+            async_rollout=True,
+        )
+    )
     assert importance_sampling_plan(asynchronous, "cpu", channel).mode == "on"
     # A service that does not answer: the engine is unknown, so the correction stays on.
     nobody = ChannelConfig(target=f"127.0.0.1:{free_port()}", retry_max_attempts=1)
@@ -57,7 +50,16 @@ def test_auto_plan_asks_the_rollout_service_for_its_engine(tiny_models, services
 def test_sync_auto_verifies_the_first_batch_then_skips_the_correction(
     tiny_models, services, train_file, tmp_path
 ):
-    config = parse_config(run_config(tiny_models, services, train_file, tmp_path / "sync", max_steps=3))
+    config = parse_config(
+        run_config(
+            tiny_models,
+            train_file,
+            tmp_path / "sync",
+            services.reward.target,
+            services.rollout.target,
+            max_steps=3,
+        )
+    )
     records = read_metrics(run_job(config).metrics_path)
     assert [r["sampling/importance_sampling_applied"] for r in records] == [1.0, 0.0, 0.0]
     first = records[0]
@@ -69,7 +71,15 @@ def test_sync_auto_verifies_the_first_batch_then_skips_the_correction(
 
 def test_async_auto_corrects_every_batch(tiny_models, services, train_file, tmp_path):
     config = parse_config(
-        run_config(tiny_models, services, train_file, tmp_path / "async", max_steps=3, async_rollout=True)
+        run_config(
+            tiny_models,
+            train_file,
+            tmp_path / "async",
+            services.reward.target,
+            services.rollout.target,
+            max_steps=3,
+            async_rollout=True,
+        )
     )
     threads = torch.get_num_threads()
     records = read_metrics(run_job(config).metrics_path)

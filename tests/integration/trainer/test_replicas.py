@@ -12,9 +12,7 @@ each with its Prometheus endpoint, and one reward server.
 
 from __future__ import annotations
 
-import os
 import signal
-import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,9 +23,10 @@ from transformers import AutoTokenizer
 
 from grpo_runtime.client import ChannelConfig
 from rollout_service.client import RolloutClient
+from tests.integration.trainer.conftest import CrashAndRestart, run_config
 from trainer_service.callbacks import read_metrics
 from trainer_service.config import parse_config
-from trainer_service.events import JobEvent, RunState
+from trainer_service.events import RunState
 from trainer_service.job import run_job
 from trainer_service.launcher import ServiceProcess, free_port, spawn_service, start_service, wait_serving
 from trainer_service.replicas import RolloutReplicas
@@ -73,6 +72,12 @@ class Replica:
             return int(client.status().policy_version)
 
 
+def addresses(fleet: dict) -> tuple[str, list[str]]:
+    """(reward, rollout) of a run over both replicas: one fixed address and one DNS name (resolved again at
+    every step)."""
+    return fleet["reward"].target, [fleet["a"].target, f"dns:///localhost:{fleet['b'].port}"]
+
+
 @pytest.fixture(scope="module")
 def fleet(tiny_models, tmp_path_factory) -> Iterator[dict]:
     """Reward server and rollout replicas ``a`` and ``b``, started side by side."""
@@ -91,31 +96,6 @@ def fleet(tiny_models, tmp_path_factory) -> Iterator[dict]:
                 service.process.send_signal(signal.SIGTERM)
         for service in processes:
             service.stop()
-
-
-def run_config(tiny_models, fleet: dict, train_file: Path, output: Path, **training) -> dict:
-    return {
-        "base": str(tiny_models["policy"]),
-        "output": str(output),
-        "data": {"train": str(train_file)},
-        "training": {
-            # 2 prompts × G=2 per step: one group per replica.
-            "batch_size": 4,
-            "num_generations": 2,
-            "max_completion_length": 8,
-            "lr": 1e-3,
-            "reward_fn": "accuracy:1.0,repetition_penalty:0.5",
-            "lora": {"r": 4, "alpha": 8},
-            "seed": 7,
-            **training,
-        },
-        "services": {
-            "reward": fleet["reward"].target,
-            # One fixed address and one DNS name (resolved again at every step).
-            "rollout": [fleet["a"].target, f"dns:///localhost:{fleet['b'].port}"],
-            "retry_timeout_s": 120,
-        },
-    }
 
 
 def test_groups_are_sharded_over_replicas_and_merged_in_prompt_order(tiny_models, fleet):
@@ -146,7 +126,9 @@ def test_every_version_reaches_both_replicas_and_both_generate(tiny_models, flee
     names = ("a", "b")
     generated = {name: fleet[name].served("Generate") for name in names}
     pushed = {name: fleet[name].served("UpdateWeights") for name in names}
-    config = run_config(tiny_models, fleet, train_file, tmp_path / "two", max_steps=3)
+    config = run_config(
+        tiny_models, train_file, tmp_path / "two", *addresses(fleet), retry_timeout_s=120, max_steps=3
+    )
     result = run_job(parse_config(config))
 
     assert result.state is RunState.COMPLETED and result.step == 3
@@ -165,7 +147,14 @@ def test_async_rollout_keeps_its_staleness_bound_over_replicas(tiny_models, flee
     """Prefetched batches are sharded too; every trained batch is within max_staleness of the trainer."""
     generated = {name: fleet[name].served("Generate") for name in ("a", "b")}
     config = run_config(
-        tiny_models, fleet, train_file, tmp_path / "async", max_steps=4, async_rollout=True, max_staleness=1
+        tiny_models,
+        train_file,
+        tmp_path / "async",
+        *addresses(fleet),
+        retry_timeout_s=120,
+        max_steps=4,
+        async_rollout=True,
+        max_staleness=1,
     )
     result = run_job(parse_config(config))
 
@@ -183,33 +172,20 @@ def test_a_replica_killed_and_restarted_mid_run_catches_up(tiny_models, fleet, t
     """SIGKILL replica b after step 2 and restart it on the same port: step 3 waits for it, the current
     weights go to both replicas under a new version, and b generates again from them."""
     b: Replica = fleet["b"]
-    box: dict = {}
-    restarted = threading.Event()
 
-    def restart() -> None:
-        try:
-            b.restart()
-        except Exception as error:  # reported by the assertion below, with the service log
-            box["restart_error"] = error
-        restarted.set()
+    def start() -> ServiceProcess:
+        b.restart()
+        return b.process
 
-    def kill_after_step_2(event: JobEvent) -> None:
-        if event.step == 2 and event.metrics and "killed" not in box:
-            box["killed"] = True
-            os.kill(b.process.process.pid, signal.SIGKILL)
-            b.process.process.wait()
-            threading.Thread(target=restart, daemon=True).start()
-
-    config = run_config(tiny_models, fleet, train_file, tmp_path / "kill", max_steps=4)
+    crash = CrashAndRestart(b.process, start)
+    config = run_config(
+        tiny_models, train_file, tmp_path / "kill", *addresses(fleet), retry_timeout_s=120, max_steps=4
+    )
     try:
-        result = run_job(parse_config(config), sink=kill_after_step_2)
+        result = run_job(parse_config(config), sink=crash)
     finally:
-        restarted.wait(timeout=300)
-    assert box.get("killed") and restarted.is_set()
-    if "restart_error" in box:
-        pytest.fail(
-            f"restart failed: {box['restart_error']}\n{(b.logs / 'rollout_service.log').read_text()[-2000:]}"
-        )
+        crash.restarted.wait(timeout=300)
+    crash.check()
     assert result.state is RunState.COMPLETED and result.step == 4
     records = read_metrics(result.metrics_path)
     assert [r["step"] for r in records] == [1, 2, 3, 4]

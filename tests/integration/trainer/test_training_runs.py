@@ -9,11 +9,8 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import grpc
@@ -25,38 +22,29 @@ from transformers import AutoTokenizer
 from grpo_runtime.config import ServerConfig
 from grpo_runtime.server import GrpcServer, ServiceBinding
 from rollout_service.client import RolloutClient
+from tests.integration.trainer.conftest import CrashAndRestart, run_config
 from trainer_service.api.servicer import TrainerServicer
 from trainer_service.callbacks import read_metrics
 from trainer_service.config import parse_config
 from trainer_service.events import JobEvent, RunState
 from trainer_service.job import run_job
-from trainer_service.launcher import LocalServices, free_port, start_service
+from trainer_service.launcher import ServiceProcess, free_port, start_service
 from trainer_service.runs import RunManager
 
 pytestmark = pytest.mark.slow
 
 
-def run_config(tiny_models, services: LocalServices, train_file: Path, output: Path, **training) -> dict:
-    return {
-        "base": str(tiny_models["policy"]),
-        "output": str(output),
-        "data": {"train": str(train_file)},
-        "training": {
-            "batch_size": 4,
-            "num_generations": 2,
-            "max_completion_length": 8,
-            "lr": 1e-3,
-            "reward_fn": "accuracy:1.0,repetition_penalty:0.5",
-            "lora": {"r": 4, "alpha": 8},
-            "seed": 7,
-            **training,
-        },
-        "services": {"reward": services.reward.target, "rollout": services.rollout.target},
-    }
-
-
 def test_steps_train_on_the_version_pushed_for_them(tiny_models, services, train_file, tmp_path):
-    config = parse_config(run_config(tiny_models, services, train_file, tmp_path / "run", max_steps=3))
+    config = parse_config(
+        run_config(
+            tiny_models,
+            train_file,
+            tmp_path / "run",
+            services.reward.target,
+            services.rollout.target,
+            max_steps=3,
+        )
+    )
     events: list[JobEvent] = []
     result = run_job(config, sink=events.append)
 
@@ -106,7 +94,15 @@ async def test_trainer_service_stop_then_resume(tiny_models, services, train_fil
     stub = trainer_stub
     output = tmp_path / "svc"
     config_yaml = yaml.safe_dump(
-        run_config(tiny_models, services, train_file, output, max_steps=6, save_steps=3)
+        run_config(
+            tiny_models,
+            train_file,
+            output,
+            services.reward.target,
+            services.rollout.target,
+            max_steps=6,
+            save_steps=3,
+        )
     )
 
     first = (await stub.StartRun(trainer_pb2.StartRunRequest(config_yaml=config_yaml, run_id="first"))).run_id
@@ -194,7 +190,13 @@ def test_two_processes_with_gloo_share_the_rollout(tiny_models, services, train_
     """torchrun with 2 CPU processes (gloo): each rank generates its share, only rank 0 pushes weights."""
     output = tmp_path / "ddp"
     path = tmp_path / "ddp.yaml"
-    path.write_text(yaml.safe_dump(run_config(tiny_models, services, train_file, output, max_steps=2)))
+    path.write_text(
+        yaml.safe_dump(
+            run_config(
+                tiny_models, train_file, output, services.reward.target, services.rollout.target, max_steps=2
+            )
+        )
+    )
     with RolloutClient(services.rollout.target) as rollout:
         before = rollout.status().policy_version
     command = [
@@ -233,7 +235,11 @@ def test_sleep_mode_wakes_pushes_generates_sleeps(tiny_models, services, train_f
     that were not pushed after the wake (with level 2 the engine has no valid weights until the push)."""
     training = {"max_steps": 2, "vllm_sleep_mode": True, "sleep_level": level}
     output = tmp_path / f"sleep{level}"
-    config = parse_config(run_config(tiny_models, services, train_file, output, **training))
+    config = parse_config(
+        run_config(
+            tiny_models, train_file, output, services.reward.target, services.rollout.target, **training
+        )
+    )
     with RolloutClient(services.rollout.target) as rollout:
         try:
             rollout.sleep(level=level)  # a colocated engine starts asleep while the trainer loads
@@ -257,35 +263,20 @@ def test_rollout_service_killed_and_restarted_mid_run(tiny_models, services, tra
     port = free_port()
     model_args = ["--model", str(tiny_models["policy"]), "--engine", "hf"]
     logs = tmp_path / "logs"
-    box = {"rollout": start_service("rollout_service", model_args, port=port, log_dir=logs)}
-    training = {"max_steps": 4}
-    config = run_config(tiny_models, services, train_file, tmp_path / "ft", **training)
-    config["services"]["rollout"] = box["rollout"].target
-    restarted = threading.Event()
 
-    def restart() -> None:
-        try:
-            box["rollout"] = start_service("rollout_service", model_args, port=port, log_dir=logs)
-        except Exception as error:  # reported by the assertion below, with the service log
-            box["restart_error"] = error
-        restarted.set()
+    def start() -> ServiceProcess:
+        return start_service("rollout_service", model_args, port=port, log_dir=logs)
 
-    def kill_after_step_2(event: JobEvent) -> None:
-        if event.step == 2 and event.metrics and "killed" not in box:
-            box["killed"] = True
-            os.kill(box["rollout"].process.pid, signal.SIGKILL)
-            box["rollout"].process.wait()
-            threading.Thread(target=restart, daemon=True).start()
-
+    crash = CrashAndRestart(start(), start)
+    config = run_config(
+        tiny_models, train_file, tmp_path / "ft", services.reward.target, crash.service.target, max_steps=4
+    )
     try:
-        result = run_job(parse_config(config), sink=kill_after_step_2)
+        result = run_job(parse_config(config), sink=crash)
     finally:
-        restarted.wait(timeout=300)
-        box["rollout"].stop()
-    assert box.get("killed") and restarted.is_set()
-    if "restart_error" in box:
-        log_tail = (logs / "rollout_service.log").read_text()[-2000:]
-        pytest.fail(f"restart failed: {box['restart_error']}\n{log_tail}")
+        crash.restarted.wait(timeout=300)
+        crash.service.stop()
+    crash.check()
     assert result.state is RunState.COMPLETED and result.step == 4
     records = read_metrics(result.metrics_path)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
@@ -301,7 +292,15 @@ def test_sync_off_keeps_the_service_weights_and_eval_runs(tiny_models, services,
     eval_file = tmp_path / "eval.jsonl"
     eval_file.write_text("".join(train_file.read_text().splitlines(keepends=True)[:2]))
     output = tmp_path / "nosync"
-    config = run_config(tiny_models, services, train_file, output, max_steps=2, weight_sync=False)
+    config = run_config(
+        tiny_models,
+        train_file,
+        output,
+        services.reward.target,
+        services.rollout.target,
+        max_steps=2,
+        weight_sync=False,
+    )
     config["data"]["eval"] = str(eval_file)
     config["training"]["eval_steps"] = 2
     with RolloutClient(services.rollout.target) as rollout:

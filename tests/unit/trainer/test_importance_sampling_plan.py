@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 from trl import GRPOConfig
 
+from tests.unit.trainer.test_variant_trainer import length_reward, offset_rollout
 from trainer_service.config import ConfigError, parse_config
 from trainer_service.job import build_grpo_config
 from trainer_service.variant_trainer import (
@@ -99,42 +99,6 @@ def test_ratio_deviation_counts_active_tokens_or_sequences_and_nan_as_infinite()
 
 
 # ----------------------------------------------------------------------------------- the trainer's plan
-def length_reward(completions: list[Any], **_: Any) -> list[float]:
-    return [float(len(c if isinstance(c, str) else c[-1]["content"])) for c in completions]
-
-
-def scored_rollout(tokenizer, offset: float):
-    """A real rollout_func: random completions reported with the trainer's log-probs + ``offset`` nats."""
-
-    def rollout(prompts: list[str], trainer) -> dict[str, list]:
-        g = torch.Generator().manual_seed(7)
-        out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
-        for prompt in prompts:
-            ids = tokenizer(prompt)["input_ids"]
-            completion = torch.randint(3, trainer.model.config.vocab_size, (5,), generator=g).tolist()
-            with torch.no_grad():
-                logits = trainer.model(input_ids=torch.tensor([ids + completion])).logits[
-                    0, len(ids) - 1 : -1
-                ]
-            logps = torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
-            out["prompt_ids"].append(ids)
-            out["completion_ids"].append(completion)
-            out["logprobs"].append((logps + offset).tolist())
-        return out
-
-    return rollout
-
-
-@pytest.fixture(scope="module")
-def policy_dir(tiny_models) -> Path:
-    return tiny_models["policy"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(policy_dir):
-    return AutoTokenizer.from_pretrained(policy_dir)
-
-
 @pytest.fixture
 def make_trainer(policy_dir, tokenizer, tmp_path):
     def _make(plan: ImportanceSamplingPlan | None, *, offset: float = 0.0, correction: bool = True):
@@ -156,7 +120,7 @@ def make_trainer(policy_dir, tokenizer, tmp_path):
             reward_funcs=length_reward,
             train_dataset=Dataset.from_dict({"prompt": ["one plus one", "hello there"] * 2}),
             processing_class=tokenizer,
-            rollout_func=scored_rollout(tokenizer, offset),
+            rollout_func=offset_rollout(tokenizer, offset),
             importance_sampling=plan,
         )
         trainer.model.train()

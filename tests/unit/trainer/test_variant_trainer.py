@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from trainer_service import losses
@@ -40,16 +39,6 @@ B, P, T = 4, 5, 8
 def length_reward(completions: list[Any], **_: Any) -> list[float]:
     """A real (if silly) reward: characters in the completion, so groups have non-zero spread."""
     return [float(len(c if isinstance(c, str) else c[-1]["content"])) for c in completions]
-
-
-@pytest.fixture(scope="module")
-def policy_dir(tiny_models) -> Path:
-    return tiny_models["policy"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(policy_dir):
-    return AutoTokenizer.from_pretrained(policy_dir)
 
 
 @pytest.fixture(scope="module")
