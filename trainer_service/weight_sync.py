@@ -276,7 +276,10 @@ class WeightSync:
 
     # -- pushing --------------------------------------------------------------------------------------------
     def payload(self, trainer: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
-        """(state dict to send, adapter config or None). Collective under ZeRO-3/FSDP: call on every rank."""
+        """(state dict to send, adapter config or None). Collective under ZeRO-3/FSDP: call on every rank.
+
+        The tensors are the model's own (``encode`` streams them from their memory, moving to CPU only what is
+        elsewhere), which is safe because a push finishes before the next optimizer step changes them."""
         accelerator = trainer.accelerator
         model = trainer.model_wrapped if trainer.model_wrapped is not None else trainer.model
         full = accelerator.get_state_dict(model)
@@ -285,8 +288,8 @@ class WeightSync:
             adapter = get_peft_model_state_dict(unwrapped, state_dict=full)
             config = unwrapped.peft_config[unwrapped.active_adapter]
             adapter_config = json.loads(json.dumps(config.to_dict(), default=_json_default))
-            return _detached(adapter), adapter_config
-        return _detached(full), None
+            return adapter, adapter_config
+        return full, None
 
     def push(self, trainer: Any) -> int:
         """Send the current weights to every replica with the next version; every rank returns that version.
@@ -385,11 +388,6 @@ class WeightSync:
                 self._on_main(trainer, self._sleep_all)
             finally:
                 self._awake = None
-
-
-def _detached(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """CPU copies that own their memory (tied weights share storage, which safetensors refuses)."""
-    return {name: tensor.detach().to("cpu", copy=True).contiguous() for name, tensor in state_dict.items()}
 
 
 def _json_default(value: Any) -> Any:

@@ -22,6 +22,7 @@ from transformers import AutoTokenizer
 from grpo_runtime.config import ServerConfig
 from grpo_runtime.server import GrpcServer, ServiceBinding
 from rollout_service.client import RolloutClient
+from rollout_service.core.types import WeightFormat
 from tests.integration.trainer.conftest import CrashAndRestart, run_config
 from trainer_service.api.servicer import TrainerServicer
 from trainer_service.callbacks import read_metrics
@@ -62,6 +63,39 @@ def test_steps_train_on_the_version_pushed_for_them(tiny_models, services, train
     assert (result.output_dir / "adapter_model.safetensors").is_file()
     assert (result.output_dir / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert [e.step for e in events if e.metrics] == [1, 2, 3]
+
+
+def test_full_fine_tuning_pushes_the_whole_state_dict(tiny_models, services, train_file, tmp_path):
+    """lora.r = 0: every optimizer step streams the full state dict (tied embeddings included) from the
+    model's own tensors; the rollout service serves each version. Its own service: the shared one keeps base
+    weights for the adapter tests."""
+    rollout = start_service(
+        "rollout_service",
+        ["--model", str(tiny_models["policy"]), "--engine", "hf"],
+        port=free_port(),
+        log_dir=tmp_path / "logs",
+    )
+    try:
+        config = run_config(
+            tiny_models,
+            train_file,
+            tmp_path / "full",
+            services.reward.target,
+            rollout.target,
+            max_steps=2,
+            lora={"r": 0},
+        )
+        result = run_job(parse_config(config))
+        with RolloutClient(rollout.target) as client:
+            status = client.status()
+    finally:
+        rollout.stop()
+    assert result.state is RunState.COMPLETED and result.step == 2
+    assert result.weight_pushes == 3
+    versions = [int(r["policy_version"]) for r in read_metrics(result.metrics_path)]
+    assert versions == [versions[0], versions[0] + 1]
+    assert status.policy_version == result.policy_version == versions[-1] + 1
+    assert status.weight_format is WeightFormat.STATE_DICT and status.weights_valid
 
 
 @pytest.fixture
