@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 LAUNCHER_SOURCE = (Path(__file__).parent / "launcher.py").read_text()
 MiB = 1024 * 1024
 UNSHARE_FLAGS = ("--user", "--map-root-user", "--net", "--pid", "--fork", "--mount-proc", "--kill-child")
+# How long to wait for the killed process to be reaped before reading its status directly (seconds).
+REAP_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -77,7 +79,10 @@ def _describe_exit(code: int, stderr: str) -> str:
 
 
 class _CappedReader:
-    """Reads a stream to EOF keeping at most ``cap`` bytes; ``overflow`` is set once more arrived."""
+    """Reads a stream to EOF keeping at most ``cap`` bytes; ``overflow`` is set once more arrived.
+
+    Past the cap it keeps reading and discards: a reader that stopped would leave the pipe full, its
+    transport paused before EOF, and (Python < 3.12) ``Process.wait()`` waiting for that pipe forever."""
 
     def __init__(self, stream: asyncio.StreamReader, cap: int):
         self._stream = stream
@@ -88,10 +93,10 @@ class _CappedReader:
     async def run(self) -> None:
         while chunk := await self._stream.read(65536):
             room = self._cap - len(self.data)
-            self.data += chunk[: max(room, 0)]
+            if room > 0:
+                self.data += chunk[:room]
             if len(chunk) > room:
                 self.overflow.set()
-                return
 
 
 class SandboxRunner:
@@ -184,7 +189,12 @@ class SandboxRunner:
             # Whatever happened, nothing the run started may survive it.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            code = await proc.wait()
+            try:
+                code = await asyncio.wait_for(proc.wait(), timeout=REAP_TIMEOUT_S)
+            except TimeoutError:
+                # Python < 3.12 returns from wait() only once the pipes are closed as well, which a process
+                # that escaped the group can delay; the killed process's own status is known by then.
+                code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
             for task in overflow:
                 task.cancel()
             feeder.cancel()

@@ -206,3 +206,15 @@ async def test_program_runs_as_pid_2_without_network(namespaces_available):
     assert lines[0] == "2"
     assert lines[1] == "[(1, 'lo')]"
     assert lines[2] == "/tmp/work"
+
+
+async def test_a_flood_on_both_streams_ends_with_the_run(namespaces_available):
+    # Far past the cap on stdout and stderr at once, in 1 MiB writes: the run ends at the overflow, both
+    # captures capped, and the supervisor reaps the killed program without waiting on its full pipes.
+    program = "import os\nblock = b'x' * (1 << 20)\nwhile True:\n"
+    program += "    os.write(1, block)\n    os.write(2, block)\n"
+    start = time.monotonic()
+    result = await asyncio.wait_for(_runner().run(program), timeout=30)
+    assert "output exceeded" in result.failure
+    assert len(result.stdout) <= SETTINGS.max_output_bytes and len(result.stderr) <= SETTINGS.max_output_bytes
+    assert time.monotonic() - start < SETTINGS.wall_timeout_s + 5
