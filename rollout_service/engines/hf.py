@@ -26,11 +26,12 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_service.core.memory import release_freed_memory
 from rollout_service.core.types import FinishReason, GenerationJob, RawCompletion, SamplingSpec
 from rollout_service.engines.base import Engine, derive_seed
+from rollout_service.engines.hf_cache import decode_cache
 from rollout_service.engines.sampling import RowParams, sample_rows, sampling_logits, tempered_logprobs
 from rollout_service.weights import LoraAdapter, ValidatedUpdate
 
@@ -143,7 +144,7 @@ class HFEngine(Engine):
         if params.any_penalty:
             counts = torch.zeros((len(rows), vocab), dtype=torch.long).scatter_add_(1, input_ids, attention)
             seen = counts > 0
-        cache = DynamicCache(config=model.config)
+        cache = decode_cache(model.config, width + max(r.job.sampling.max_tokens for r in rows))
         dev = self.device
         out = model(
             input_ids=input_ids.to(dev),
