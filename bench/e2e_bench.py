@@ -11,9 +11,11 @@ run config) for all three:
 - ``sync``: ``trainer_service.job.run_job`` against a reward and an HF-engine rollout service started on
   127.0.0.1 (weights pushed after every step, generation waits for the push); ``importance_sampling: auto``
   resolves to "verify" here (exactly on-policy: the correction's extra forward runs on the first step only);
-- ``async``: the same with ``async_rollout: true, max_staleness: 1`` (next batch generated during the step;
-  the correction on every step), against its own rollout service started as ``make run``/``train`` start one
-  for an async run on CPU: trainer and rollout service split the cores (``launcher.overlap_threads``).
+- ``async``: the same with ``async_rollout: true, max_staleness: 1`` (next batch generated during the step,
+  weights pushed in the background; the correction on every step), against its own rollout service started
+  as ``make run``/``train`` start one for an async run on CPU: trainer and rollout service split the cores
+  while a prefetch generates (``launcher.overlap_threads``) and the trainer takes them all once it is done
+  (``trainer_service.core_borrowing``).
 
 TRL keeps torch's default threads (one per core). ``--importance-sampling on`` and ``--no-thread-split``
 measure the trio without each of the two savings.

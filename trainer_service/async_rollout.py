@@ -8,22 +8,28 @@ Design (single process):
   appends every index it hands out to a queue, so when TRL calls ``rollout_func`` for step s the indices of
   step s+1 are already known. No TRL semantics change: the same rows, in the same order, reach the loss.
 * **Overlap.** ``rollout_func(prompts_s)`` returns step s's completions, then starts a background thread that
-  asks the rollout service for step s+1's prompts. That generation runs during step s's reward scoring, loss,
-  backward, optimizer step and weight push (``on_step_end``), which is the time a synchronous loop waits.
+  asks the rollout service for step s+1's prompts. That generation runs during step s's reward scoring, loss
+  and backward, which is the time a synchronous loop waits. The weight push after step s-1's optimizer step
+  streams in the background too (``WeightSync.push_in_background``): it gets its version at once, the
+  prefetch waits for it to reach the replicas before generating, and step s's optimizer step waits for it
+  to end (it streams the model's own tensors).
 * **Versions and the staleness bound.** Every completion carries the ``policy_version`` of the weights that
-  produced it. At consumption the trainer's version is ``c`` = the version it pushed last (the weights after
-  ``s`` optimizer steps). A prefetched batch whose oldest completion has version ``v`` is trained on only if
-  ``c - v <= max_staleness`` (and ``v <= c``: newer means foreign weights); otherwise all of it is dropped,
-  counted in ``async/stale_dropped``, and step s is regenerated synchronously with version ``c`` exactly.
-  With ``max_staleness: 1`` the usual case is ``v = c - 1`` (generated while step s-1's weights were being
-  pushed) and is accepted; ``max_staleness: 0`` drops every prefetch that raced a push, so it trains exactly
-  like the synchronous loop (at the cost of the wasted generation).
+  produced it. At consumption the trainer's version is ``c`` = the version of its weights after ``s``
+  optimizer steps (given by the last push, which may still be streaming). A prefetched batch whose oldest
+  completion has version ``v`` is trained on only if ``c - v <= max_staleness`` (and ``v <= c``: newer means
+  foreign weights); otherwise all of it is dropped, counted in ``async/stale_dropped``, and step s is
+  regenerated synchronously with version ``c`` exactly. With ``max_staleness: 1`` the usual case is
+  ``v = c - 1`` (generated from the weights before step s-1's optimizer step) and is accepted;
+  ``max_staleness: 0`` drops every such prefetch, so it trains exactly like the synchronous loop (at the cost
+  of the wasted generation).
 * **Importance sampling.** The rollout logprobs (under the generating version's weights) are returned to TRL,
   whose importance-sampling correction (``vllm_importance_sampling_correction`` in the variant trainer)
   reweights the loss by ``π_θ / π_rollout`` per token, which is what makes a 1-step-stale batch unbiased.
 * **Replicas.** A prefetch is sharded over the replicas that serve the trainer's version when it starts
   (``WeightSync.ready``), like a synchronous generation; a replica that joins during it is used from the
   next generation on, and one dropped during it keeps its client until the membership changes again.
+* **Cores.** On one CPU machine the trainer runs on its share of the cores while a prefetch generates and
+  borrows the rollout's share once it has finished (:mod:`trainer_service.core_borrowing`).
 * **Failures.** A prefetch that fails (service down, restarted) or whose prompts do not match what TRL asks
   for (resume skipping batches, epoch boundary) is a miss: the step generates synchronously through
   :class:`ServiceRollout`, which waits with backoff and re-pushes the weights.
@@ -45,6 +51,8 @@ from typing import Any
 
 from torch.utils.data import Sampler
 
+from trainer_service.core_borrowing import CoreBorrowing
+from trainer_service.replicas import RolloutUnavailable
 from trainer_service.rollout import ServiceRollout
 
 log = logging.getLogger(__name__)
@@ -111,14 +119,16 @@ class AsyncServiceRollout:
     """``rollout_func`` that overlaps the next step's generation with the current optimizer step.
 
     ``inner`` is the synchronous :class:`ServiceRollout` (client, weight sync, sampling); this class adds the
-    lookahead, the background generation and the staleness bound ``max_staleness`` (versions).
+    lookahead, the background generation and the staleness bound ``max_staleness`` (versions). ``cores``:
+    the trainer's thread count follows the prefetches (a rollout service on the same CPU machine), or None.
     """
 
-    def __init__(self, inner: ServiceRollout, max_staleness: int):
+    def __init__(self, inner: ServiceRollout, max_staleness: int, cores: CoreBorrowing | None = None):
         if max_staleness < 0:
             raise ValueError("max_staleness must be >= 0")
         self.inner = inner
         self.max_staleness = max_staleness
+        self.cores = cores
         self.stats = AsyncStats()
         self.issued: deque[int] = deque()
         self._prompt_of: Any = None  # index -> prompt, set by attach()
@@ -138,6 +148,8 @@ class AsyncServiceRollout:
 
         # Instance attribute: get_train_dataloader looks the method up on the instance at train() time.
         trainer._get_train_sampler = recording_sampler
+        if self.cores is not None:
+            self.cores.attach(trainer.model)
 
     @property
     def last_versions(self) -> list[int]:
@@ -177,8 +189,9 @@ class AsyncServiceRollout:
             self.stats.stale_dropped += len(completions)
             return None
         sync = self.inner.sync
-        if sync.enabled and sync.push_pending:
-            # The last push failed (service restarting): the sync path waits, re-pushes and regenerates.
+        if sync.enabled and sync.push_pending and not sync.transferring:
+            # The last push failed (service restarting): the sync path waits, re-pushes and regenerates. A
+            # push still streaming in the background has its version already: the bound is judged against it.
             self.stats.prefetch_misses += 1
             self.stats.stale_dropped += len(completions)
             return None
@@ -227,21 +240,32 @@ class AsyncServiceRollout:
     def _start_prefetch(self, keys: list[str], step: int) -> None:
         prompts = self._next_prompts(keys)
         if prompts is None:
+            if self.cores is not None:
+                self.cores.rollout_idle()
             return
+        if self.cores is not None:
+            self.cores.lend()
         future: Future = Future()
+        sync = self.inner.sync
 
         def generate() -> None:
             try:
+                # The weights of the step that just ended may still be streaming to the replicas.
+                sync.wait_for_transfer()
+                if sync.enabled and sync.push_pending:
+                    raise RolloutUnavailable(f"version {sync.current_version} did not reach the replicas")
                 future.set_result(self.inner._generate(prompts, step))
             except BaseException as error:  # handed to the consuming step
                 future.set_exception(error)
 
+        if self.cores is not None:
+            self.cores.watch(future)
         threading.Thread(target=generate, name=f"rollout-prefetch-{step}", daemon=True).start()
         self._pending = ([prompt_key(p) for p in prompts], future)
 
     def metrics(self) -> dict[str, float | None]:
         """Extra metrics.jsonl fields of the latest step."""
-        return {
+        metrics: dict[str, float | None] = {
             "async/prefetch_hits": self.stats.prefetch_hits,
             "async/prefetch_misses": self.stats.prefetch_misses,
             "async/stale_dropped": self.stats.stale_dropped,
@@ -249,3 +273,6 @@ class AsyncServiceRollout:
             "async/max_staleness_seen": self.stats.max_staleness_seen,
             "trainer_version": self.trainer_version,
         }
+        if self.cores is not None:
+            metrics["async/cores_borrowed"] = self.cores.borrows
+        return metrics

@@ -149,7 +149,8 @@ class TrainingConfig(_Strict):
     # batch finds the ratio within 1 ± 1e-3 (trainer_service.variant_trainer, docs/trainer.md).
     importance_sampling: Literal["auto", "on", "off"] = "auto"
     # torch threads of the trainer process on CPU; None = torch's default (one per core), except in async mode
-    # with the rollout service on this machine (loopback), where trainer and rollout split the cores.
+    # with the rollout service on this machine (loopback), where trainer and rollout split the cores while it
+    # generates and the trainer borrows them all once it is done (trainer_service.core_borrowing).
     cpu_threads: int | None = Field(default=None, ge=1)
     # Push weights to the rollout service after each optimizer step (turn off only to prove it matters).
     weight_sync: bool = True

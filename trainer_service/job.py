@@ -50,9 +50,16 @@ from rollout_service.client import RolloutClient
 from trainer_service.async_rollout import AsyncServiceRollout
 from trainer_service.callbacks import METRICS_FILE, MetricsCallback, StopCallback, StopFlag, plot_reward_curve
 from trainer_service.config import ConfigError, RewardTerm, RunConfig
+from trainer_service.core_borrowing import CoreBorrowing
 from trainer_service.data import REWARD_METADATA, check_prompt_lengths, read_split, to_dataset
 from trainer_service.events import EventSink, JobEvent, RunState, discard
-from trainer_service.launcher import LocalServices, is_loopback, overlap_threads, start_local_services
+from trainer_service.launcher import (
+    LocalServices,
+    cpu_cores,
+    is_loopback,
+    overlap_threads,
+    start_local_services,
+)
 from trainer_service.replicas import RolloutReplicas
 from trainer_service.rollout import SamplingConfig, ServiceRollout
 from trainer_service.variant_trainer import (
@@ -283,12 +290,19 @@ def overlapping_on_cpu(config: RunConfig) -> bool:
     return config.training.async_rollout and resolve_device(config) == "cpu"
 
 
+def shares_cores_with_rollout(config: RunConfig, rollout_target: str) -> bool:
+    """Whether the trainer splits this machine's cores with the rollout service (async on CPU, a loopback
+    rollout, ``training.cpu_threads`` unset): its share while a prefetch generates, every core once that is
+    done (:mod:`trainer_service.core_borrowing`)."""
+    return config.training.cpu_threads is None and overlapping_on_cpu(config) and is_loopback(rollout_target)
+
+
 def trainer_cpu_threads(config: RunConfig, rollout_target: str) -> int | None:
     """torch threads for this trainer process: ``training.cpu_threads``, else half the cores when it
-    overlaps with a rollout service on this machine (``launcher.overlap_threads``), else None (default)."""
+    shares them with a rollout service on this machine (``launcher.overlap_threads``), else None (default)."""
     if config.training.cpu_threads is not None:
         return config.training.cpu_threads
-    if overlapping_on_cpu(config) and is_loopback(rollout_target):
+    if shares_cores_with_rollout(config, rollout_target):
         return overlap_threads()[0]
     return None
 
@@ -446,7 +460,11 @@ def _train(
     replicas = RolloutReplicas(endpoints.rollout_targets, endpoints.rollout)
     stack.callback(replicas.close)
     sync = WeightSync(
-        replicas, enabled=t.weight_sync, sleep_mode=t.vllm_sleep_mode, sleep_level=t.sleep_level
+        replicas,
+        enabled=t.weight_sync,
+        sleep_mode=t.vllm_sleep_mode,
+        sleep_level=t.sleep_level,
+        background=t.async_rollout,
     )
     rollout: ServiceRollout | AsyncServiceRollout = ServiceRollout(
         replicas,
@@ -456,7 +474,11 @@ def _train(
         retry_timeout_s=config.services.retry_timeout_s,
     )
     if t.async_rollout:
-        rollout = AsyncServiceRollout(rollout, t.max_staleness)
+        cores = None
+        if device == "cpu" and shares_cores_with_rollout(config, endpoints.rollout.target):
+            cores = CoreBorrowing(share=overlap_threads()[0], total=cpu_cores())
+            stack.callback(cores.detach)
+        rollout = AsyncServiceRollout(rollout, t.max_staleness, cores)
 
     stop = StopCallback(stop_flag)
     sync_callback = WeightSyncCallback(sync)

@@ -9,7 +9,8 @@ CPU threads: torch's OpenMP pool has one thread per core in every process, and a
 all of its threads. In async rollout the trainer and the rollout service compute at the same time, so on one
 CPU machine 2 × cores threads share the cores and every region stalls on whichever thread is descheduled
 (measured on 2 cores under load: the trainer's forward went from 1.5 s with one thread per process to 6.5 s
-with two). :func:`overlap_threads` splits the cores between the two instead; synchronous runs compute one
+with two). :func:`overlap_threads` splits the cores between the two instead (the trainer takes the rollout's
+share back while no generation runs, :mod:`trainer_service.core_borrowing`); synchronous runs compute one
 process at a time and keep torch's default.
 """
 

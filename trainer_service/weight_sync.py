@@ -6,7 +6,9 @@ replicas report + 1, because a replica only accepts increasing versions), and ev
 generation must carry exactly that version (checked in :mod:`trainer_service.rollout`). Without sleep mode the
 trainer pushes once at the start of training (initial or resumed weights) and after every optimizer step, so
 ``policy_version = version_at_start + global_step`` and generation for step k+1 always sees the weights of
-step k.
+step k. Async rollout streams the push after an optimizer step from a thread
+(:meth:`WeightSync.push_in_background`): the version is given at once, and whatever needs the replicas to
+serve it, or the tensors to stay unchanged, waits for the stream first.
 
 Replicas (:mod:`trainer_service.replicas`): the membership is resolved again before every push and every
 generation (``dns:///`` targets follow the pods a headless Service lists). A push goes to every member at
@@ -34,8 +36,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, wait
 from contextlib import contextmanager
 from typing import Any
 
@@ -92,11 +96,15 @@ class WeightSync:
         enabled: bool = True,
         sleep_mode: bool = False,
         sleep_level: int = 1,
+        background: bool = False,
     ):
         self.replicas = client
         self.enabled = enabled
         self.sleep_mode = sleep_mode
         self.sleep_level = sleep_level
+        # Async rollout: the push after an optimizer step streams in a thread (see push_in_background).
+        self.background = background
+        self._transfer: Future | None = None
         # Version the replicas serve for this run (None until the first push or status read).
         self.current_version: int | None = None
         # True from the start of a push until a version was given to the weights and reached a replica.
@@ -199,6 +207,12 @@ class WeightSync:
         so no member refuses it as old. Raises RolloutUnavailable when no member took it (nothing changed),
         WeightPushError when a member refused it.
         """
+        return self._send(*self._plan_push(), state_dict, adapter_config)
+
+    def _plan_push(self) -> tuple[int, list[ReplicaAddress], list[str]]:
+        """(next version, members to send it to, members that did not answer GetStatus, described).
+
+        Only members not known to serve the current version are asked (none in the usual step)."""
         members = self._awake if self._awake is not None else self._members()
         unknown = [m for m in members if m.address not in self._synced]
         statuses = self._each(unknown, lambda client: client.status())
@@ -210,7 +224,22 @@ class WeightSync:
         version = max(seen) + 1
         unreachable = {m.address for m, s in zip(unknown, statuses, strict=True) if isinstance(s, Exception)}
         targets = [m for m in members if m.address not in unreachable]
+        problems = [
+            _describe(m.address, "GetStatus", s)
+            for m, s in zip(unknown, statuses, strict=True)
+            if m.address in unreachable
+        ]
+        return version, targets, problems
 
+    def _send(
+        self,
+        version: int,
+        targets: list[ReplicaAddress],
+        problems: list[str],
+        state_dict: dict[str, torch.Tensor],
+        adapter_config: dict[str, Any] | None,
+    ) -> tuple[int, list[ReplicaAddress], str]:
+        """Stream the weights to ``targets`` under ``version``; see :meth:`_push_everywhere`."""
         # Serialised and hashed once, then streamed to every member from the same views.
         payload = encode(state_dict)
         payload.sha256  # noqa: B018 - computed here, not concurrently in each sender thread
@@ -220,11 +249,7 @@ class WeightSync:
             return client.push_weights(payload, version, fmt, adapter_config)
 
         outcomes = self._each(targets, send)
-        problems = [
-            _describe(m.address, "GetStatus", s)
-            for m, s in zip(unknown, statuses, strict=True)
-            if m.address in unreachable
-        ]
+        problems = list(problems)
         applied: list[ReplicaAddress] = []
         refused: list[str] = []
         for member, outcome in zip(targets, outcomes, strict=True):
@@ -301,6 +326,7 @@ class WeightSync:
         raised after recording it; the next generation finds the others behind and pushes again. A refusal
         raises :class:`WeightPushError`.
         """
+        self.settle_transfer()
         started = time.perf_counter()
         self.push_pending = True
         state_dict, adapter_config = self.payload(trainer)
@@ -308,14 +334,74 @@ class WeightSync:
             trainer, lambda: self._push_everywhere(state_dict, adapter_config)
         )
         self.current_version = int(version)
+        self._pushed(trainer, applied, started)
+        if problems:
+            raise RolloutUnavailable(f"version {version} reached {len(applied)} replica(s) only: {problems}")
+        return int(version)
+
+    def _pushed(self, trainer: Any, applied: list[ReplicaAddress], started: float) -> None:
         self.push_pending = False
         self._set_ready(trainer, applied)
         self.pushes += 1
         self.last_push_seconds = time.perf_counter() - started
         self.total_push_seconds += self.last_push_seconds
-        if problems:
-            raise RolloutUnavailable(f"version {version} reached {len(applied)} replica(s) only: {problems}")
-        return int(version)
+
+    # -- pushing in the background (async rollout) ----------------------------------------------------------
+    def push_in_background(self, trainer: Any) -> None:
+        """Give the current weights the next version now and stream them to the replicas in a thread.
+
+        Single process only (async rollout is). From this call on ``current_version`` is the version of the
+        trainer's weights, which the staleness bound is judged against, even while they are in flight;
+        ``ready`` and ``push_pending`` change when the transfer has reached the replicas. The next
+        prefetch waits for it (:meth:`wait_for_transfer`), and every other replica operation, the next
+        optimizer step (the transfer streams the model's own tensors) and the end of training settle it
+        first (:meth:`settle_transfer`), which reports a failure as a synchronous push would: the replicas
+        unreachable → a warning and a push before the next generation; a refusal → WeightPushError.
+        """
+        if trainer.accelerator.num_processes != 1:
+            raise RuntimeError("weights are pushed in the background by single-process runs only")
+        self.settle_transfer()
+        started = time.perf_counter()
+        self.push_pending = True
+        state_dict, adapter_config = self.payload(trainer)
+        version, targets, problems = self._plan_push()
+        self.current_version = version
+        transfer: Future = Future()
+
+        def stream() -> None:
+            try:
+                _, applied, missed = self._send(version, targets, problems, state_dict, adapter_config)
+                self._pushed(trainer, applied, started)
+                if missed:
+                    reached = f"version {version} reached {len(applied)} replica(s) only"
+                    raise RolloutUnavailable(f"{reached}: {missed}")
+                transfer.set_result(version)
+            except BaseException as error:  # reported by settle_transfer on the trainer's thread
+                transfer.set_exception(error)
+
+        self._transfer = transfer
+        threading.Thread(target=stream, name=f"weight-push-{version}", daemon=True).start()
+
+    @property
+    def transferring(self) -> bool:
+        """A background push was started and not settled yet (it may have finished)."""
+        return self._transfer is not None
+
+    def wait_for_transfer(self) -> None:
+        """Block until the background push (if any) has ended, without consuming its outcome."""
+        transfer = self._transfer
+        if transfer is not None:
+            wait([transfer])
+
+    def settle_transfer(self) -> None:
+        """Wait for the background push and report its outcome (see :meth:`push_in_background`)."""
+        transfer, self._transfer = self._transfer, None
+        if transfer is None:
+            return
+        try:
+            transfer.result()
+        except RolloutUnavailable as error:
+            log.warning("%s; the push is retried before the next generation", error)
 
     def on_train_begin(self, trainer: Any) -> None:
         """Push the initial (or resumed) weights; with sync off, adopt whatever version the service has."""
@@ -327,9 +413,15 @@ class WeightSync:
 
     def after_optimizer_step(self, trainer: Any) -> None:
         """Push the updated weights before the next generation (sleep mode pushes at the next wake
-        instead)."""
+        instead; async rollout streams them in the background)."""
         if self.enabled and not self.sleep_mode:
-            self._push_or_defer(trainer)
+            if self.background:
+                try:
+                    self.push_in_background(trainer)
+                except RolloutUnavailable as error:
+                    log.warning("%s; the push is retried before the next generation", error)
+            else:
+                self._push_or_defer(trainer)
         trainer.accelerator.wait_for_everyone()
 
     def _push_or_defer(self, trainer: Any) -> None:
@@ -357,6 +449,7 @@ class WeightSync:
         the weights are pushed (after every wake), all ranks generate, then the main process puts the
         replicas back to sleep, before the trainer's forward pass.
         """
+        self.settle_transfer()
         if not self.sleep_mode:
             if not self.enabled:
                 # Sync off: the replicas keep whatever they serve; expect their version as it is now.
@@ -413,8 +506,17 @@ class WeightSyncCallback(TrainerCallback, ExportableState):
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
         self.sync.on_train_begin(self.trainer)
 
+    def on_pre_optimizer_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs
+    ):
+        # A background push streams the model's own tensors: it must end before they change.
+        self.sync.settle_transfer()
+
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
         self.sync.after_optimizer_step(self.trainer)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        self.sync.settle_transfer()
 
     def state(self) -> dict:
         return {"args": {}, "attributes": {"policy_version": self.sync.current_version}}

@@ -3,6 +3,8 @@
 - ``async_rollout: true``: the next step's completions are generated while the trainer steps; every trained
   batch is at most ``max_staleness`` versions behind the trainer's weights (read back from metrics.jsonl);
   ``max_staleness: 0`` drops every prefetch that raced a weight push and regenerates it;
+- async rollout with the rollout service killed with SIGKILL mid-run and restarted: the run completes within
+  the bound, on weights pushed again to the new process;
 - reward service killed with SIGKILL mid-run and restarted on the same port: scoring waits, no step is lost
   and no step's reward is missing (an unscored sample would be NaN in TRL's mean, never a silent 0);
 - the trainer CLI process killed with SIGKILL mid-run, then ``train --resume``: it continues from the last
@@ -22,6 +24,7 @@ import time
 import pytest
 import yaml
 
+from rollout_service.client import RolloutClient
 from tests.integration.trainer.conftest import CrashAndRestart, run_config
 from trainer_service.callbacks import read_metrics
 from trainer_service.config import parse_config
@@ -70,6 +73,49 @@ def test_async_rollout_never_trains_beyond_the_staleness_bound(
         # regenerated, so each step trained exactly on the trainer's current version.
         assert last["async/stale_dropped"] > 0
         assert all(r["trainer_version"] == r["policy_version"] for r in records)
+
+
+def test_async_rollout_survives_a_rollout_crash_mid_run(tiny_models, services, train_file, tmp_path):
+    """Async: SIGKILL the rollout service after step 2 (its prefetch and the weights streaming in the
+    background are cut off) and restart it on the same port 1 s later: the prefetch is a miss, the step waits,
+    pushes the weights again and generates; every step stays within the bound and trains on the restarted
+    service's weights from then on."""
+    port = free_port()
+    model_args = ["--model", str(tiny_models["policy"]), "--engine", "hf"]
+    logs = tmp_path / "logs"
+
+    def start() -> ServiceProcess:
+        return start_service("rollout_service", model_args, port=port, log_dir=logs)
+
+    crash = CrashAndRestart(start(), start, delay_s=1.0)
+    steps = 5
+    config = run_config(
+        tiny_models,
+        train_file,
+        tmp_path / "async-crash",
+        services.reward.target,
+        crash.service.target,
+        retry_timeout_s=120,
+        max_steps=steps,
+        async_rollout=True,
+    )
+    try:
+        result = run_job(parse_config(config), sink=crash)
+        crash.check()
+        with RolloutClient(crash.service.target) as rollout:
+            served = rollout.status().policy_version
+    finally:
+        crash.restarted.wait(timeout=300)
+        crash.service.stop()
+    assert result.state is RunState.COMPLETED and result.step == steps
+    records = read_metrics(result.metrics_path)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    for record in records:
+        assert 0 <= record["trainer_version"] - record["policy_version"] <= 1, record
+    # Step 1 and a step after the crash generated synchronously.
+    assert records[-1]["async/prefetch_misses"] >= 2
+    # The restarted process (version 0 when it came up) serves the trainer's final weights.
+    assert served == result.policy_version == records[-1]["trainer_version"] + 1
 
 
 def test_reward_service_killed_and_restarted_mid_run(tiny_models, services, train_file, tmp_path):

@@ -1,10 +1,15 @@
-"""Async rollout pieces: the staleness rule, the recording sampler and the next-batch lookahead."""
+"""Async rollout pieces: the staleness rule, the recording sampler, the next-batch lookahead, and how a
+prefetch is ordered with the weight push and the trainer's threads."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import deque
+from concurrent.futures import Future
 
 import pytest
+import torch
 from torch.utils.data import SequentialSampler
 
 from trainer_service.async_rollout import (
@@ -14,7 +19,9 @@ from trainer_service.async_rollout import (
     prompt_key,
 )
 from trainer_service.config import ConfigError, parse_config
+from trainer_service.core_borrowing import CoreBorrowing
 from trainer_service.job import run_job
+from trainer_service.replicas import RolloutUnavailable
 from trainer_service.rollout import SamplingConfig, ServiceRollout
 from trainer_service.weight_sync import WeightSync
 
@@ -103,3 +110,53 @@ def test_async_rollout_is_refused_for_multi_process_runs(tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as caught:
         run_job(config)
     assert caught.value.key == "training.async_rollout"
+
+
+def prefetching(rollout: AsyncServiceRollout, release: threading.Event, seen: list) -> None:
+    """Issue batches [a,a,b,b] and [c,c,d,d] and start the prefetch of the second; its generation records the
+    sync state it started from, then waits for ``release``."""
+
+    def generate(prompts, step):
+        seen.append((list(prompts), torch.get_num_threads()))
+        assert release.wait(timeout=10)
+        return []
+
+    rollout.inner._generate = generate
+    rollout._prompt_of = ["a", "b", "c", "d"].__getitem__
+    rollout.issued.extend([0, 0, 1, 1, 2, 2, 3, 3])
+    rollout._start_prefetch([prompt_key(p) for p in ["a", "a", "b", "b"]], step=1)
+
+
+def test_prefetch_lends_the_cores_back_until_its_generation_ends():
+    threads = torch.get_num_threads()
+    try:
+        rollout = make_async([])
+        rollout.cores = CoreBorrowing(share=1, total=2)
+        rollout.inner.sync.push_pending = False
+        torch.set_num_threads(2)
+        release, seen = threading.Event(), []
+        prefetching(rollout, release, seen)
+        assert torch.get_num_threads() == 1  # lent before the generation started
+        assert not rollout.cores._idle.is_set()
+        release.set()
+        rollout._pending[1].result(timeout=10)
+        assert rollout.cores._idle.is_set()
+        assert seen[0][0] == ["c", "c", "d", "d"]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_prefetch_waits_for_the_weights_streaming_and_fails_when_they_did_not_arrive():
+    rollout = make_async([])
+    sync = rollout.inner.sync
+    transfer: Future = Future()
+    sync._transfer = transfer  # a background push in flight
+    release, seen = threading.Event(), []
+    release.set()
+    prefetching(rollout, release, seen)
+    time.sleep(0.2)
+    assert seen == []  # not generating before the weights reached the replicas
+    transfer.set_exception(RolloutUnavailable("replica down"))  # they did not: push_pending stays True
+    with pytest.raises(RolloutUnavailable, match="did not reach the replicas"):
+        rollout._pending[1].result(timeout=10)
+    assert seen == []

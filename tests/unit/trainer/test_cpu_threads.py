@@ -1,4 +1,5 @@
-"""CPU thread split between trainer and rollout service: only async runs on CPU with a local rollout split."""
+"""CPU thread split between trainer and rollout service: only async runs on CPU with a local rollout split
+(and borrow the rollout's share while it idles)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import pytest
 
 from trainer_service.config import ConfigError, parse_config
-from trainer_service.job import trainer_cpu_threads
+from trainer_service.job import shares_cores_with_rollout, trainer_cpu_threads
 from trainer_service.launcher import cpu_cores, is_loopback, overlap_threads, thread_env
 
 MINIMAL = {"base": "models/policy", "data": {"train": "train.jsonl"}, "training": {"device": "cpu"}}
@@ -55,6 +56,15 @@ def test_trainer_threads_split_only_in_async_with_a_local_rollout():
     assert trainer_cpu_threads(config(async_rollout=True), remote) is None
     assert trainer_cpu_threads(config(cpu_threads=3), remote) == 3
     assert trainer_cpu_threads(config(async_rollout=True, cpu_threads=2), local) == 2
+
+
+def test_only_the_automatic_split_borrows_the_rollout_cores():
+    local, remote = "127.0.0.1:50052", "10.1.2.3:50052"
+    assert shares_cores_with_rollout(config(async_rollout=True), local)
+    assert not shares_cores_with_rollout(config(async_rollout=True), remote)
+    assert not shares_cores_with_rollout(config(), local)
+    # An explicit thread count is kept as given for the whole run.
+    assert not shares_cores_with_rollout(config(async_rollout=True, cpu_threads=1), local)
 
 
 def test_cpu_threads_must_be_positive():
