@@ -1,5 +1,6 @@
 """HF transformers engine: a manual decode loop with a KV cache, so sampling and logprobs are
-exactly under our control (see ``engines.sampling``).
+exactly under our control (see ``engines.sampling``). The cache is allocated once per batch and
+written in place (``engines.hf_cache``).
 
 Batching: all rows of all jobs handed to one ``generate`` call run together, ``max_batch_size``
 rows per forward pass, prompts left-padded. Finished rows are dropped from the batch (and its
