@@ -243,9 +243,9 @@ class AsyncServiceRollout:
             if self.cores is not None:
                 self.cores.rollout_idle()
             return
-        if self.cores is not None:
-            self.cores.lend()
         future: Future = Future()
+        if self.cores is not None:
+            self.cores.lend(future)
         sync = self.inner.sync
 
         def generate() -> None:
@@ -258,8 +258,6 @@ class AsyncServiceRollout:
             except BaseException as error:  # handed to the consuming step
                 future.set_exception(error)
 
-        if self.cores is not None:
-            self.cores.watch(future)
         threading.Thread(target=generate, name=f"rollout-prefetch-{step}", daemon=True).start()
         self._pending = ([prompt_key(p) for p in prompts], future)
 

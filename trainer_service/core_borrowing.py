@@ -35,8 +35,8 @@ def leaf_modules(model: nn.Module) -> list[nn.Module]:
 class CoreBorrowing:
     """Trainer torch threads: ``share`` while the rollout service generates, ``total`` while it is idle.
 
-    Call :meth:`attach` once with the model, :meth:`lend` (on the trainer's main thread) right before a
-    prefetch starts, then :meth:`watch` with its future; :meth:`rollout_idle` when no prefetch was started.
+    Call :meth:`attach` once with the model (on the trainer's thread), :meth:`lend` with a prefetch's future
+    right before it starts generating, :meth:`rollout_idle` when no prefetch was started.
     """
 
     def __init__(self, share: int, total: int):
@@ -46,7 +46,7 @@ class CoreBorrowing:
         self.total = total
         self.borrows = 0  # times the trainer took the rollout's cores
         self._idle = threading.Event()
-        self._owner = threading.current_thread()
+        self._owner: threading.Thread | None = None  # the trainer's thread, set by attach
         self._handles: list[RemovableHandle] = []
 
     def attach(self, model: nn.Module) -> int:
@@ -63,13 +63,11 @@ class CoreBorrowing:
             handle.remove()
         self._handles.clear()
 
-    def lend(self) -> None:
-        """The rollout service is about to generate: give its cores back before it starts."""
+    def lend(self, generation: Future) -> None:
+        """The rollout service is about to run ``generation``: give its cores back now, until that future is
+        done (with a result or an error)."""
         self._idle.clear()
         torch.set_num_threads(self.share)
-
-    def watch(self, generation: Future) -> None:
-        """The rollout's cores are free once ``generation`` finishes (with a result or an error)."""
         generation.add_done_callback(lambda _: self._idle.set())
 
     def rollout_idle(self) -> None:

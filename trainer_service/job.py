@@ -475,7 +475,7 @@ def _train(
     )
     if t.async_rollout:
         cores = None
-        if device == "cpu" and shares_cores_with_rollout(config, endpoints.rollout.target):
+        if shares_cores_with_rollout(config, endpoints.rollout.target):
             cores = CoreBorrowing(share=overlap_threads()[0], total=cpu_cores())
             stack.callback(cores.detach)
         rollout = AsyncServiceRollout(rollout, t.max_staleness, cores)

@@ -334,17 +334,20 @@ class WeightSync:
             trainer, lambda: self._push_everywhere(state_dict, adapter_config)
         )
         self.current_version = int(version)
-        self._pushed(trainer, applied, started)
-        if problems:
-            raise RolloutUnavailable(f"version {version} reached {len(applied)} replica(s) only: {problems}")
+        self._pushed(trainer, version, applied, problems, started)
         return int(version)
 
-    def _pushed(self, trainer: Any, applied: list[ReplicaAddress], started: float) -> None:
+    def _pushed(
+        self, trainer: Any, version: int, applied: list[ReplicaAddress], problems: str, started: float
+    ) -> None:
+        """Record a push that reached ``applied``; raise RolloutUnavailable when others missed it."""
         self.push_pending = False
         self._set_ready(trainer, applied)
         self.pushes += 1
         self.last_push_seconds = time.perf_counter() - started
         self.total_push_seconds += self.last_push_seconds
+        if problems:
+            raise RolloutUnavailable(f"version {version} reached {len(applied)} replica(s) only: {problems}")
 
     # -- pushing in the background (async rollout) ----------------------------------------------------------
     def push_in_background(self, trainer: Any) -> None:
@@ -371,10 +374,7 @@ class WeightSync:
         def stream() -> None:
             try:
                 _, applied, missed = self._send(version, targets, problems, state_dict, adapter_config)
-                self._pushed(trainer, applied, started)
-                if missed:
-                    reached = f"version {version} reached {len(applied)} replica(s) only"
-                    raise RolloutUnavailable(f"{reached}: {missed}")
+                self._pushed(trainer, version, applied, missed, started)
                 transfer.set_result(version)
             except BaseException as error:  # reported by settle_transfer on the trainer's thread
                 transfer.set_exception(error)
@@ -401,35 +401,29 @@ class WeightSync:
         try:
             transfer.result()
         except RolloutUnavailable as error:
-            log.warning("%s; the push is retried before the next generation", error)
+            _log_deferred(error)
 
     def on_train_begin(self, trainer: Any) -> None:
         """Push the initial (or resumed) weights; with sync off, adopt whatever version the service has."""
         if not self.enabled:
             self.current_version = self._service_version(trainer)
         elif not self.sleep_mode:
-            self._push_or_defer(trainer)
+            self._push_or_defer(self.push, trainer)
         trainer.accelerator.wait_for_everyone()
 
     def after_optimizer_step(self, trainer: Any) -> None:
         """Push the updated weights before the next generation (sleep mode pushes at the next wake
         instead; async rollout streams them in the background)."""
         if self.enabled and not self.sleep_mode:
-            if self.background:
-                try:
-                    self.push_in_background(trainer)
-                except RolloutUnavailable as error:
-                    log.warning("%s; the push is retried before the next generation", error)
-            else:
-                self._push_or_defer(trainer)
+            self._push_or_defer(self.push_in_background if self.background else self.push, trainer)
         trainer.accelerator.wait_for_everyone()
 
-    def _push_or_defer(self, trainer: Any) -> None:
+    @staticmethod
+    def _push_or_defer(push: Callable[[Any], Any], trainer: Any) -> None:
         try:
-            self.push(trainer)
+            push(trainer)
         except RolloutUnavailable as error:
-            # The next generation waits for the replicas and pushes to those that lack these weights.
-            log.warning("%s; the push is retried before the next generation", error)
+            _log_deferred(error)
 
     def _wake_all(self) -> list[ReplicaAddress]:
         members = self._members()
@@ -481,6 +475,11 @@ class WeightSync:
                 self._on_main(trainer, self._sleep_all)
             finally:
                 self._awake = None
+
+
+def _log_deferred(error: RolloutUnavailable) -> None:
+    # The next generation waits for the replicas and pushes to those that lack these weights.
+    log.warning("%s; the push is retried before the next generation", error)
 
 
 def _json_default(value: Any) -> Any:

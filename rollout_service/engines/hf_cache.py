@@ -29,8 +29,8 @@ class PreallocatedLayer(DynamicLayer):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
-        self._key_buffer = self._allocate(key_states, max(self.capacity, key_states.shape[-2]))
-        self._value_buffer = self._allocate(value_states, max(self.capacity, value_states.shape[-2]))
+        self._key_buffer = self._allocate(key_states, self.capacity)
+        self._value_buffer = self._allocate(value_states, self.capacity)
         self.length = 0
         self.is_initialized = True
 
@@ -69,21 +69,28 @@ class PreallocatedLayer(DynamicLayer):
         return self.length
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if not self.is_initialized:
-            return
-        self._key_buffer = self._key_buffer[indices]
-        self._value_buffer = self._value_buffer[indices]
-        self._refresh_views()
+        if self.is_initialized:
+            self._key_buffer = self._key_buffer[indices]
+            self._value_buffer = self._value_buffer[indices]
+            self._refresh_views()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.is_initialized:
+            self._key_buffer = self._key_buffer.repeat_interleave(repeats, dim=0)
+            self._value_buffer = self._value_buffer.repeat_interleave(repeats, dim=0)
+            self._refresh_views()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last ``-tokens_to_remove`` positions (a positive value is the length to keep, as in
+        ``DynamicLayer``'s legacy form)."""
+        keep = tokens_to_remove if tokens_to_remove > 0 else self.length + tokens_to_remove
+        if self.is_initialized and 0 <= keep < self.length:
+            self.length = keep
+            self._refresh_views()
 
     def reset(self) -> None:
         self.length = 0
         super().reset()
-
-    def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("the decode loop never crops")
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        raise NotImplementedError("the decode loop never repeats rows")
 
 
 def decode_cache(config: PretrainedConfig, capacity: int) -> DynamicCache:

@@ -75,6 +75,20 @@ def test_steps_are_written_in_place():
     assert layer.get_seq_length() == 4
 
 
+def test_crop_and_repeat_keep_what_dynamic_layer_keeps():
+    ours, reference = PreallocatedLayer(capacity=8), DynamicLayer()
+    keys = torch.randn(2, 1, 5, 4)
+    for layer in (ours, reference):
+        layer.update(keys, keys + 1)
+        layer.crop(-2)  # drop the last two positions
+        layer.batch_repeat_interleave(3)
+    assert ours.get_seq_length() == reference.get_seq_length() == 3
+    torch.testing.assert_close(ours.keys, reference.keys)
+    torch.testing.assert_close(ours.values, reference.values)
+    step = torch.randn(6, 1, 1, 4)
+    torch.testing.assert_close(ours.update(step, step)[0], reference.update(step, step)[0])
+
+
 def test_sliding_window_models_keep_transformers_layers():
     config = Gemma2Config(
         vocab_size=32,

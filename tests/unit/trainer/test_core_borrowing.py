@@ -65,8 +65,7 @@ def test_share_while_generating_every_core_once_it_is_done(net):
     cores = CoreBorrowing(share=1, total=2)
     assert cores.attach(model) == 6
     generation: Future = Future()
-    cores.lend()
-    cores.watch(generation)
+    cores.lend(generation)
     model(torch.randn(2, 4, requires_grad=True)).sum().backward()
     assert {threads for _, threads in record} == {1} and cores.borrows == 0
 
@@ -79,7 +78,7 @@ def test_share_while_generating_every_core_once_it_is_done(net):
     assert [r for r in record if r[0] == "backward"] == [("backward", 2)] * 3
     assert cores.borrows == 1
 
-    cores.lend()  # the next prefetch starts: the cores go back at once
+    cores.lend(Future())  # the next prefetch starts: the cores go back at once
     assert torch.get_num_threads() == 1
 
 
@@ -88,8 +87,7 @@ def test_a_failed_generation_frees_the_cores_too(net):
     cores = CoreBorrowing(share=1, total=2)
     cores.attach(model)
     generation: Future = Future()
-    cores.lend()
-    cores.watch(generation)
+    cores.lend(generation)
     generation.set_exception(RuntimeError("rollout service down"))
     model(torch.randn(2, 4))
     assert record == [("forward", 2)] * 3
@@ -99,7 +97,7 @@ def test_no_prefetch_means_idle_and_detach_stops_switching(net):
     model, record = net
     cores = CoreBorrowing(share=1, total=2)
     cores.attach(model)
-    cores.lend()
+    cores.lend(Future())
     cores.detach()
     cores.rollout_idle()
     model(torch.randn(2, 4))
