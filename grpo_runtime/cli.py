@@ -135,6 +135,7 @@ def run_service(
     try:
         file_block, settings = load_config_file(args.config) if args.config else ({}, {})
         config = server_config_from(args, file_block, default_port)
+        config.resolve_admin_token()  # a blank token is refused before the service starts its backends
     except ConfigError as exc:
         print(f"{prog}: config error: {exc}", file=sys.stderr)
         return 2

@@ -7,7 +7,9 @@ error names its key as a dotted path, e.g. ``server.grace_period_s: Input should
 
 from __future__ import annotations
 
+import asyncio
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -104,20 +106,33 @@ class ServerConfig(BaseModel):
     def resolve_admin_token(self) -> str | None:
         """The admin token in force: ``admin_token``, else env ``GRPO_ADMIN_TOKEN``, else the file.
 
-        Empty values count as unset. Raises :class:`ConfigError` when the token file is unreadable.
+        None only when no source is given at all (admin RPCs open, which the server logs). A source that
+        is given but empty or only whitespace is a :class:`ConfigError` naming it: a blank secret (an
+        unset compose variable, an empty secret file) must never silently turn authentication off. So is
+        an unreadable token file.
         """
-        if self.admin_token is not None and self.admin_token.get_secret_value():
-            return self.admin_token.get_secret_value()
-        env = os.environ.get(ADMIN_TOKEN_ENV, "").strip()
-        if env:
-            return env
+        if self.admin_token is not None:
+            return _non_blank(self.admin_token.get_secret_value(), "server.admin_token")
+        env = os.environ.get(ADMIN_TOKEN_ENV)
+        if env is not None:
+            return _non_blank(env, f"env {ADMIN_TOKEN_ENV}")
         if self.admin_token_file is not None:
             try:
-                token = self.admin_token_file.read_text().strip()
-            except OSError as exc:
-                raise ConfigError(f"admin_token_file: cannot read {self.admin_token_file}: {exc}") from exc
-            return token or None
+                token = self.admin_token_file.read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(
+                    f"server.admin_token_file: cannot read {self.admin_token_file}: {exc}"
+                ) from exc
+            return _non_blank(token, f"server.admin_token_file ({self.admin_token_file})")
         return None
+
+
+def _non_blank(token: str, source: str) -> str:
+    """``token`` stripped; ConfigError naming ``source`` when nothing is left."""
+    stripped = token.strip()
+    if not stripped:
+        raise ConfigError(f"{source}: the admin token is empty or whitespace; set a token or remove {source}")
+    return stripped
 
 
 def format_validation_error(error: ValidationError, prefix: str | None = None) -> str:
@@ -140,20 +155,128 @@ def format_validation_error(error: ValidationError, prefix: str | None = None) -
     return "; ".join(parts)
 
 
+@dataclass(frozen=True)
+class YamlLimits:
+    """Bounds on one YAML document, so that a hostile document costs bounded memory and time.
+
+    ``max_bytes``: size of the text (UTF-8). ``max_depth``: nesting of collections. ``max_aliases``:
+    ``*alias`` references. ``max_nodes``: scalars and collections counted as if every alias were
+    expanded in place — what a consumer that walks the result (pydantic, ``json.dumps``) visits; this is
+    what refuses an alias bomb ("billion laughs"), whose few aliases expand to billions of nodes.
+    """
+
+    max_bytes: int = 4 * MiB
+    max_depth: int = 64
+    max_aliases: int = 1000
+    max_nodes: int = 1_000_000
+
+
+DEFAULT_YAML_LIMITS = YamlLimits()
+
+
+class _LimitedLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader that counts nesting and aliases while it composes the node graph."""
+
+    def __init__(self, text: str, limits: YamlLimits, what: str) -> None:
+        super().__init__(text)
+        self._limits = limits
+        self._what = what
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > self._limits.max_aliases:
+                raise ConfigError(f"{self._what}: more than {self._limits.max_aliases} YAML aliases")
+            return super().compose_node(parent, index)
+        self._depth += 1
+        if self._depth > self._limits.max_depth:
+            raise ConfigError(f"{self._what}: YAML nested deeper than {self._limits.max_depth} levels")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _expanded_size(root: yaml.Node, limit: int, what: str) -> None:
+    """Raises ConfigError when the graph, aliases expanded, has more than ``limit`` nodes.
+
+    Each node's expanded size is computed once (memoised by identity) in post-order without recursion,
+    so the check itself costs time linear in the composed graph, not in its expansion.
+    """
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        else:
+            sizes[id(node)] = 1
+            continue
+        if not children_done:
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in sizes)
+            continue
+        total = 1 + sum(sizes.get(id(child), 1) for child in children)
+        if total > limit:
+            raise ConfigError(f"{what}: YAML expands to more than {limit} nodes (alias bomb?)")
+        sizes[id(node)] = total
+
+
+def safe_load_yaml(text: str | bytes, *, what: str = "yaml", limits: YamlLimits = DEFAULT_YAML_LIMITS) -> Any:
+    """Parse one YAML document with ``yaml.SafeLoader`` semantics within ``limits``.
+
+    ``what`` names the source in errors (a file path, a request field such as ``config_yaml``). Raises
+    :class:`ConfigError` — one line starting with ``what`` — for text over ``max_bytes``, nesting past
+    ``max_depth``, too many aliases or an alias bomb, and invalid YAML. CPU-bound (milliseconds per
+    100 KiB): servicers call :func:`safe_load_yaml_async` instead.
+    """
+    size = len(text.encode() if isinstance(text, str) else text)
+    if size > limits.max_bytes:
+        raise ConfigError(f"{what}: YAML of {size} bytes, at most {limits.max_bytes}")
+    if isinstance(text, bytes):
+        try:
+            text = text.decode()
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{what}: YAML is not UTF-8: {exc}") from exc
+    loader = _LimitedLoader(text, limits, what)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, limits.max_nodes, what)
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{what}: invalid YAML: {' '.join(str(exc).split())}") from exc
+    except RecursionError as exc:  # a deep construct PyYAML recurses on despite max_depth
+        raise ConfigError(f"{what}: YAML nested too deeply") from exc
+    finally:
+        loader.dispose()
+
+
+async def safe_load_yaml_async(
+    text: str | bytes, *, what: str = "yaml", limits: YamlLimits = DEFAULT_YAML_LIMITS
+) -> Any:
+    """:func:`safe_load_yaml` in a worker thread, so parsing a request's YAML never stalls the event loop."""
+    return await asyncio.to_thread(safe_load_yaml, text, what=what, limits=limits)
+
+
 def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """Read a YAML config file into ``(server block, the rest)``; both are plain dicts.
 
-    An empty file is an empty config. Raises :class:`ConfigError` for a missing file, bad YAML,
-    or a top level (or ``server:`` block) that is not a mapping.
+    An empty file is an empty config. Raises :class:`ConfigError` for a missing file, bad YAML (or YAML
+    past :data:`DEFAULT_YAML_LIMITS`), or a top level (or ``server:`` block) that is not a mapping.
     """
     try:
         text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {' '.join(str(exc).split())}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+    data = safe_load_yaml(text, what=str(path))
     if data is None:
         data = {}
     if not isinstance(data, dict):

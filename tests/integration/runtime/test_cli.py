@@ -144,3 +144,24 @@ async def test_sigterm_reports_not_serving_finishes_in_flight_calls_and_exits_wi
     assert access and access[0]["code"] == "OK" and access[0]["duration_ms"] >= 1400
     messages = [r["message"] for r in records]
     assert "SIGTERM received" in messages and "stopped" in messages
+
+
+@pytest.mark.parametrize("blank", ["", "  \n"])
+def test_a_blank_admin_token_in_the_environment_exits_2_naming_it(test_service, monkeypatch, capsys, blank):
+    monkeypatch.setenv("GRPO_ADMIN_TOKEN", blank)
+    assert test_service.main(["--port", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "runtime_test_service: config error: env GRPO_ADMIN_TOKEN: the admin token is empty or whitespace; "
+        "set a token or remove env GRPO_ADMIN_TOKEN"
+    )
+
+
+def test_a_blank_admin_token_file_exits_2_naming_it(test_service, monkeypatch, tmp_path, capsys):
+    monkeypatch.delenv("GRPO_ADMIN_TOKEN", raising=False)
+    token = tmp_path / "token"
+    token.write_text(" \n")
+    config = tmp_path / "service.yaml"
+    config.write_text(f"server:\n  admin_token_file: {token}\n")
+    assert test_service.main(["--port", "0", "--config", str(config)]) == 2
+    assert "config error: server.admin_token_file" in capsys.readouterr().err

@@ -48,9 +48,22 @@ def test_admin_token_precedence_config_then_env_then_file(tmp_path, monkeypatch)
     monkeypatch.setenv("GRPO_ADMIN_TOKEN", "from-env")
     assert ServerConfig(admin_token_file=token_file).resolve_admin_token() == "from-env"
     assert ServerConfig(admin_token="direct", admin_token_file=token_file).resolve_admin_token() == "direct"
-    # An empty value counts as unset.
-    monkeypatch.setenv("GRPO_ADMIN_TOKEN", "")
-    assert ServerConfig(admin_token="").resolve_admin_token() is None
+
+
+@pytest.mark.parametrize("blank", ["", "   ", "\n\t "])
+def test_a_blank_admin_token_is_a_config_error_naming_its_source(tmp_path, monkeypatch, blank):
+    monkeypatch.delenv("GRPO_ADMIN_TOKEN", raising=False)
+    with pytest.raises(ConfigError, match=r"^server\.admin_token: the admin token is empty"):
+        ServerConfig(admin_token=blank).resolve_admin_token()
+    token_file = tmp_path / "token"
+    token_file.write_text(blank)
+    with pytest.raises(ConfigError, match=r"^server\.admin_token_file \(.*token\): the admin token is empty"):
+        ServerConfig(admin_token_file=token_file).resolve_admin_token()
+    monkeypatch.setenv("GRPO_ADMIN_TOKEN", blank)
+    # A blank variable does not fall back to the file either: it is refused.
+    token_file.write_text("from-file")
+    with pytest.raises(ConfigError, match=r"^env GRPO_ADMIN_TOKEN: the admin token is empty"):
+        ServerConfig(admin_token_file=token_file).resolve_admin_token()
 
 
 def test_unreadable_token_file_is_a_config_error(tmp_path, monkeypatch):
