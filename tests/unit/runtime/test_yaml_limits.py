@@ -7,7 +7,13 @@ import time
 
 import pytest
 
-from grpo_runtime.config import ConfigError, YamlLimits, load_config_file, safe_load_yaml, safe_load_yaml_async
+from grpo_runtime.config import (
+    ConfigError,
+    YamlLimits,
+    load_config_file,
+    safe_load_yaml,
+    safe_load_yaml_async,
+)
 
 
 def _billion_laughs(levels: int = 9) -> str:
@@ -39,7 +45,7 @@ def test_an_alias_bomb_is_refused_quickly():
     ("text", "limits", "message"),
     [
         ("[" * 100_000, YamlLimits(), "nested deeper than 64 levels"),
-        ("a:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 80)), YamlLimits(), "nested deeper than 64"),
+        ("a:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 80)), YamlLimits(), "deeper than 64"),
         ("x" * 101, YamlLimits(max_bytes=100), "YAML of 101 bytes, at most 100"),
         ("- &a x\n" + "- *a\n" * 11, YamlLimits(max_aliases=10), "more than 10 YAML aliases"),
         ("[1, 2, 3, 4]", YamlLimits(max_nodes=4), "expands to more than 4 nodes"),
