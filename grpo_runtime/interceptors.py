@@ -11,10 +11,12 @@ For each call, whatever its shape (unary or streaming on either side), it:
    answered by the servicer (gRPC commits a call, and stops retrying it, once headers arrive);
 2. answers UNAUTHENTICATED, before the servicer runs, when the RPC is marked admin, the server has an
    admin token, and the call lacks ``authorization: Bearer <token>`` with that token;
-3. maps :class:`~grpo_runtime.errors.ServiceError` to its status code with details
+3. answers INVALID_ARGUMENT (field ``request``) for a request message that does not decode — for example
+   one nested past protobuf's recursion limit — where grpc itself would answer INTERNAL;
+4. maps :class:`~grpo_runtime.errors.ServiceError` to its status code with details
    ``"field: message"``, ``NotImplementedError`` to UNIMPLEMENTED (what the generated base servicer
    raises), and any other exception to INTERNAL with the exception text, logged with its traceback;
-4. records Prometheus metrics and one access-log line (code, duration_ms) per RPC.
+5. records Prometheus metrics and one access-log line (code, duration_ms) per RPC.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any, NoReturn
 import grpc
 
 from grpo_runtime.auth import bearer_token, token_matches
-from grpo_runtime.errors import ServiceError
+from grpo_runtime.errors import InvalidArgument, ServiceError
 from grpo_runtime.logging_setup import RpcContext, current_rpc
 from grpo_runtime.metrics import RpcMetrics
 
@@ -84,6 +86,46 @@ def _request_id(metadata: Sequence[tuple[str, Any]] | None) -> str:
             if _REQUEST_ID_PATTERN.fullmatch(text):
                 return text
     return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class _Undecodable:
+    """What the request deserializer hands on in place of a message that failed to decode."""
+
+    reason: str
+
+    def error(self) -> InvalidArgument:
+        return InvalidArgument(f"cannot be decoded: {self.reason[:300]}", field="request")
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """``deserializer`` that returns :class:`_Undecodable` instead of raising (grpc would answer INTERNAL)."""
+    if deserializer is None:
+        return None
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as exc:  # DecodeError, or whatever a custom deserializer raises
+            return _Undecodable(f"{type(exc).__name__}: {exc}")
+
+    return deserialize
+
+
+def _checked(argument: Any) -> Any:
+    """The request, or the request iterator yielding only decoded messages; raises InvalidArgument."""
+    if isinstance(argument, _Undecodable):
+        raise argument.error()
+    if hasattr(argument, "__aiter__"):
+        return _checked_stream(argument)
+    return argument
+
+
+async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        if isinstance(request, _Undecodable):
+            raise request.error()
+        yield request
 
 
 def _status_code(context: grpc.aio.ServicerContext, default: grpc.StatusCode) -> grpc.StatusCode:
@@ -139,7 +181,7 @@ class RuntimeInterceptor(grpc.aio.ServerInterceptor):
 
     def _wrap(self, handler: grpc.RpcMethodHandler, path: str) -> grpc.RpcMethodHandler:
         codec = {
-            "request_deserializer": handler.request_deserializer,
+            "request_deserializer": _tolerant(handler.request_deserializer),
             "response_serializer": handler.response_serializer,
         }
         if handler.request_streaming and handler.response_streaming:
@@ -164,7 +206,7 @@ class RuntimeInterceptor(grpc.aio.ServerInterceptor):
         async def handle(argument: Any, context: grpc.aio.ServicerContext) -> Any:
             rpc = await self._begin(path, context)
             try:
-                response = await _invoke(behaviour, argument, context)
+                response = await _invoke(behaviour, _checked(argument), context)
                 await self._send_request_id(rpc, context)
             except BaseException as exc:
                 await self._fail(rpc, context, exc)
@@ -181,7 +223,7 @@ class RuntimeInterceptor(grpc.aio.ServerInterceptor):
             async def stream(argument: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 rpc = await self._begin(path, context)
                 try:
-                    async for response in behaviour(argument, context):
+                    async for response in behaviour(_checked(argument), context):
                         await self._send_request_id(rpc, context)
                         yield response
                     await self._send_request_id(rpc, context)
@@ -196,7 +238,7 @@ class RuntimeInterceptor(grpc.aio.ServerInterceptor):
             rpc = await self._begin(path, context)
             try:
                 await self._send_request_id(rpc, context)
-                await _invoke(behaviour, argument, context)
+                await _invoke(behaviour, _checked(argument), context)
             except BaseException as exc:
                 await self._fail(rpc, context, exc)
             self._finish(rpc, _status_code(context, grpc.StatusCode.OK))

@@ -284,3 +284,20 @@ async def test_a_port_in_use_is_a_bind_error(start_server, test_service):
     second = GrpcServer(ServerConfig(host="127.0.0.1", port=first.port), test_service.bindings())
     with pytest.raises(BindError, match=f"cannot bind 127.0.0.1:{first.port}"):
         await second.start()
+
+
+async def test_an_undecodable_request_is_invalid_argument_not_internal(start_server):
+    server = await start_server()
+    truncated = b"\x0a\xff\x01"  # field 1, length 255, one byte of it
+    async with create_channel(server.address) as channel:
+        unary = channel.unary_unary(f"/{ROLLOUT}/Generate")
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await unary(truncated)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.value.details().startswith("request: cannot be decoded: DecodeError")
+        streaming = channel.stream_unary(f"/{ROLLOUT}/UpdateWeights")
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await streaming(iter([truncated]))
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        reply = await rollout_pb2_grpc.RolloutServiceStub(channel).Generate(generate("still fine"))
+        assert reply.completions
