@@ -58,6 +58,10 @@ async def build_core(settings: RolloutSettings) -> RolloutCore:
         engine.tokenizer,
         catalog,
         max_prompts=settings.max_prompts,
+        max_request_tokens=settings.max_request_tokens,
+        max_concurrent_generates=settings.max_concurrent_generates,
+        weights_root=settings.weights_root,
+        max_weight_bytes=settings.max_weight_bytes,
         batch_window_s=settings.batch_window_ms / 1000,
         max_batch_rows=settings.max_batch_size,
     )

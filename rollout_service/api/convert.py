@@ -64,12 +64,21 @@ def completion(result: CompletionResult) -> rollout_pb2.Completion:
     )
 
 
+def weight_format(value: int) -> WeightFormat:
+    """Proto3 enums are open: a value this server does not know is refused, not a crash."""
+    try:
+        return WeightFormat(value)
+    except ValueError as exc:
+        raise InvalidArgument(f"unknown weight format {value}", field="format") from exc
+
+
 def generate_response(results: Iterable[CompletionResult]) -> rollout_pb2.GenerateResponse:
     return rollout_pb2.GenerateResponse(completions=[completion(r) for r in results])
 
 
-async def weight_payload(chunks: AsyncIterator[rollout_pb2.WeightChunk]) -> WeightPayload:
-    """Header from the first chunk; the payload is the concatenation of every chunk's data.
+async def weight_payload(chunks: AsyncIterator[rollout_pb2.WeightChunk], max_bytes: int) -> WeightPayload:
+    """Header from the first chunk; the payload is the concatenation of every chunk's data,
+    at most ``max_bytes`` (RESOURCE_EXHAUSTED past it, at the chunk that overruns).
 
     Each chunk is copied into the receive buffer and hashed in a worker thread while the
     event loop takes the next one off the stream, so the SHA-256 is ready at the last chunk.
@@ -81,7 +90,8 @@ async def weight_payload(chunks: AsyncIterator[rollout_pb2.WeightChunk]) -> Weig
     async for chunk in chunks:
         if receiver is None:
             header = chunk
-            receiver = PayloadReceiver(chunk.total_bytes)
+            fmt = weight_format(chunk.format)
+            receiver = PayloadReceiver(chunk.total_bytes, max_bytes)
         if pending is not None:
             await pending
         pending = loop.run_in_executor(None, receiver.add, chunk.data)
@@ -92,7 +102,7 @@ async def weight_payload(chunks: AsyncIterator[rollout_pb2.WeightChunk]) -> Weig
     data, digest = receiver.finish()
     return WeightPayload(
         version=header.version,
-        format=WeightFormat(header.format),
+        format=fmt,
         data=data,
         sha256=header.sha256,
         total_bytes=header.total_bytes,

@@ -11,7 +11,6 @@ from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
 from rollout_service.api import convert
 from rollout_service.core.rollout import RolloutCore
-from rollout_service.core.types import WeightFormat
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
@@ -22,11 +21,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         return convert.generate_response(await self._core.generate(convert.generate_request(request)))
 
     async def UpdateWeights(self, request_iterator, context) -> rollout_pb2.UpdateWeightsResponse:
-        payload = await convert.weight_payload(request_iterator)
+        payload = await convert.weight_payload(request_iterator, self._core.max_weight_bytes)
         return convert.update_weights_response(await self._core.update_weights(payload))
 
     async def LoadWeights(self, request, context) -> rollout_pb2.LoadWeightsResponse:
-        applied = await self._core.load_weights(request.path, request.version, WeightFormat(request.format))
+        fmt = convert.weight_format(request.format)
+        applied = await self._core.load_weights(request.path, request.version, fmt)
         return convert.load_weights_response(applied)
 
     async def Sleep(self, request, context) -> rollout_pb2.SleepResponse:

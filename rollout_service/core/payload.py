@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from grpo_runtime.errors import InvalidArgument
+from grpo_runtime.errors import InvalidArgument, ResourceExhausted
 
 # safetensors dtype names ↔ torch dtypes.
 DTYPES: dict[str, torch.dtype] = {
@@ -255,12 +255,20 @@ class PayloadReceiver:
 
     ``expected_bytes`` (the header's ``total_bytes``; 0 = undeclared) sizes the buffer up
     front, and a stream that overruns it is refused at the chunk that does. Undeclared, the
-    chunks are kept in a list and joined once at the end. ``add`` is called from one thread at
-    a time, in stream order.
+    chunks are kept in a list and joined once at the end. ``max_bytes`` (None = no limit) is
+    the server's cap on a payload: a larger declaration, or a stream growing past it, is
+    RESOURCE_EXHAUSTED. ``add`` is called from one thread at a time, in stream order.
     """
 
-    def __init__(self, expected_bytes: int = 0) -> None:
+    def __init__(self, expected_bytes: int = 0, max_bytes: int | None = None) -> None:
+        if max_bytes is not None and expected_bytes > max_bytes:
+            raise ResourceExhausted(
+                f"declared {expected_bytes} bytes, more than the server's limit "
+                f"max_weight_bytes = {max_bytes}",
+                field="total_bytes",
+            )
         self.expected_bytes = expected_bytes
+        self.max_bytes = max_bytes
         self.received = 0
         self._digest = hashlib.sha256()
         self._buffer: np.ndarray | None = None
@@ -288,6 +296,11 @@ class PayloadReceiver:
             self._buffer[self.received : end] = np.frombuffer(data, dtype=np.uint8)
             self._digest.update(data)
         else:
+            if self.max_bytes is not None and self.received + size > self.max_bytes:
+                raise ResourceExhausted(
+                    f"the stream passed the server's limit max_weight_bytes = {self.max_bytes}",
+                    field="data",
+                )
             self._parts.append(bytes(data))
             self._digest.update(data)
         self.received += size

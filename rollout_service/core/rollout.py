@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
+from grpo_runtime.errors import ResourceExhausted
 from rollout_service.core import memory
 from rollout_service.core.scheduler import BatchScheduler
 from rollout_service.core.sleep import SleepState
@@ -26,13 +28,18 @@ from rollout_service.core.types import (
     WeightPayload,
     WeightsApplied,
 )
-from rollout_service.core.validation import RequestValidator
+from rollout_service.core.validation import RequestValidator, check_completions
 from rollout_service.core.versioning import ReadWriteLock, VersionState
 from rollout_service.engines.base import Engine
 from rollout_service.weights import ParamCatalog, ValidatedUpdate, read_directory, validate_payload
 
 
 class RolloutCore:
+    """``max_concurrent_generates``: Generate calls admitted at once (queued or running); one
+    more is RESOURCE_EXHAUSTED. ``weights_root`` / ``max_weight_bytes``: where LoadWeights may
+    read and the largest payload either weight RPC takes (None: ``catalog.max_payload_bytes``).
+    """
+
     def __init__(
         self,
         engine: Engine,
@@ -40,14 +47,28 @@ class RolloutCore:
         catalog: ParamCatalog,
         *,
         max_prompts: int = 4096,
+        max_request_tokens: int = 1 << 20,
+        max_concurrent_generates: int = 64,
+        weights_root: str | Path = ".",
+        max_weight_bytes: int | None = None,
         batch_window_s: float = 0.005,
         max_batch_rows: int = 256,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.catalog = catalog
-        vocab = catalog.shapes.get("model.embed_tokens.weight", (len(tokenizer),))[0]
-        self.validator = RequestValidator(tokenizer, engine.max_model_len, vocab, max_prompts)
+        self.vocab_size = catalog.shapes.get("model.embed_tokens.weight", (len(tokenizer),))[0]
+        self.validator = RequestValidator(
+            tokenizer,
+            engine.max_model_len,
+            self.vocab_size,
+            max_prompts,
+            max_request_tokens=max_request_tokens,
+        )
+        self.max_concurrent_generates = max_concurrent_generates
+        self.generates_in_flight = 0
+        self.weights_root = Path(weights_root).resolve()
+        self.max_weight_bytes = max_weight_bytes or catalog.max_payload_bytes
         self.versions = VersionState()
         self.sleep_state = SleepState()
         self._lock = ReadWriteLock()
@@ -62,10 +83,28 @@ class RolloutCore:
 
     # --------------------------------------------------------------- generate
     async def generate(self, request: GenerateRequest) -> list[CompletionResult]:
-        """Sample ``n`` completions per prompt, prompt-major."""
-        job = self.validator.to_job(request)
-        self.sleep_state.check_generate()
-        await self._scheduler.submit(job)
+        """Sample ``n`` completions per prompt, prompt-major.
+
+        Tokenizing, decoding and checking run in worker threads: a request of thousands of long
+        prompts must not hold the event loop that serves every other caller.
+        """
+        if self.generates_in_flight >= self.max_concurrent_generates:
+            raise ResourceExhausted(
+                f"{self.generates_in_flight} Generate calls are in flight, the server's limit "
+                f"max_concurrent_generates is {self.max_concurrent_generates}; retry later"
+            )
+        self.generates_in_flight += 1
+        try:
+            job = await asyncio.to_thread(self.validator.to_job, request)
+            self.sleep_state.check_generate()
+            await self._scheduler.submit(job)
+            return await asyncio.to_thread(self._completions, request, job)
+        finally:
+            self.generates_in_flight -= 1
+
+    def _completions(self, request: GenerateRequest, job: GenerationJob) -> list[CompletionResult]:
+        """The engine's raw results checked and turned into CompletionResults."""
+        check_completions(job.results, self.vocab_size, job.n)
         version = job.policy_version
         out = []
         for k, raw in enumerate(job.results):
@@ -116,7 +155,9 @@ class RolloutCore:
         """Read and validate weights from a directory, then apply them like an update."""
         self.versions.check_next(version)
         self.sleep_state.check_weight_update()
-        update = await asyncio.to_thread(read_directory, path, version, fmt, self.catalog)
+        update = await asyncio.to_thread(
+            read_directory, path, version, fmt, self.catalog, self.weights_root, self.max_weight_bytes
+        )
         return await self._apply(update)
 
     async def _apply(self, update: ValidatedUpdate, start: float | None = None) -> WeightsApplied:

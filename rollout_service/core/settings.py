@@ -35,6 +35,15 @@ class RolloutSettings(BaseModel):
     max_batch_size: int = Field(256, ge=1)  # sequences per forward pass (hf) / max_num_seqs (vllm)
     max_model_len: int | None = Field(None, ge=2)  # default: the model's max_position_embeddings
     max_prompts: int = Field(4096, ge=1)  # prompts per Generate call
+    # Work one Generate may ask for: prompts × n × max_tokens (sampled tokens at most).
+    max_request_tokens: int = Field(1 << 20, ge=1)
+    max_concurrent_generates: int = Field(64, ge=1)  # Generate calls queued or running at once
+    # LoadWeights reads only regular files under this directory (relative: to the working
+    # directory at start-up); a path outside it is PERMISSION_DENIED.
+    weights_root: str = "."
+    # Largest weight payload (UpdateWeights stream, LoadWeights file) in bytes; default: every
+    # model parameter twice in float64 (a full-rank adapter of every matrix fits) + 1 MiB.
+    max_weight_bytes: int | None = Field(None, ge=1)
     batch_window_ms: float = Field(5.0, ge=0)  # how long the batcher waits for concurrent calls
     seed: int = 0
     work_dir: str | None = None  # adapters and weight snapshots for vLLM; default: a temp dir

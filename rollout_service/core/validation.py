@@ -1,7 +1,14 @@
-"""Validation and tokenization of Generate requests.
+"""Validation and tokenization of Generate requests, and the check of what an engine returned.
 
 Every rejection is an InvalidArgument naming the offending field with its index
-(``prompts[3]``, ``sampling.top_p``), raised before anything reaches the engine.
+(``prompts[3]``, ``sampling.top_p``), or a ResourceExhausted naming the server limit it
+exceeds (``max_prompts``, ``max_request_tokens``), raised before anything reaches the engine.
+
+Numeric bounds keep every step of the sampler finite in fp32 for finite logits: the sampler
+divides logits by T and by the repetition penalty θ (or multiplies by θ), so T and θ are kept
+in [1e-2, 1e2] (T = 0 is greedy). Below 1e-2, logits / T leaves fp32's range for logits
+above ~3.4e36, and a denormal T turns every positive logit into inf (softmax then NaN);
+vLLM clamps T below 1e-2 to 1e-2 for the same reason, here it is refused instead.
 """
 
 from __future__ import annotations
@@ -9,16 +16,37 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import jinja2
+import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from grpo_runtime.errors import InvalidArgument
-from rollout_service.core.types import GenerateRequest, GenerationJob, PromptInput, SamplingSpec
+from grpo_runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from rollout_service.core.types import (
+    GenerateRequest,
+    GenerationJob,
+    PromptInput,
+    RawCompletion,
+    SamplingSpec,
+)
+
+MIN_TEMPERATURE = 1e-2
+MAX_TEMPERATURE = 1e2
+MIN_REPETITION_PENALTY = 1e-2
+MAX_REPETITION_PENALTY = 1e2
+# Every decode step decodes the completion and searches it for each stop string.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
 
 
 def validate_sampling(s: SamplingSpec) -> SamplingSpec:
     """Check ranges; returns the spec with ``top_k`` −1 normalised to 0 (off)."""
-    if not math.isfinite(s.temperature) or s.temperature < 0:
-        raise InvalidArgument(f"must be >= 0, got {s.temperature}", field="sampling.temperature")
+    if not math.isfinite(s.temperature) or not (
+        s.temperature == 0 or MIN_TEMPERATURE <= s.temperature <= MAX_TEMPERATURE
+    ):
+        raise InvalidArgument(
+            f"must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got {s.temperature}",
+            field="sampling.temperature",
+        )
     if not math.isfinite(s.top_p) or not 0 < s.top_p <= 1:
         raise InvalidArgument(f"must be in (0, 1], got {s.top_p}", field="sampling.top_p")
     if s.top_k < -1:
@@ -27,15 +55,28 @@ def validate_sampling(s: SamplingSpec) -> SamplingSpec:
         raise InvalidArgument(f"must be in [0, 1], got {s.min_p}", field="sampling.min_p")
     if s.max_tokens < 1:
         raise InvalidArgument(f"must be >= 1, got {s.max_tokens}", field="sampling.max_tokens")
-    if not math.isfinite(s.repetition_penalty) or s.repetition_penalty <= 0:
-        raise InvalidArgument(f"must be > 0, got {s.repetition_penalty}", field="sampling.repetition_penalty")
+    if not (
+        math.isfinite(s.repetition_penalty)
+        and MIN_REPETITION_PENALTY <= s.repetition_penalty <= MAX_REPETITION_PENALTY
+    ):
+        raise InvalidArgument(
+            f"must be in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY}], got {s.repetition_penalty}",
+            field="sampling.repetition_penalty",
+        )
     if s.min_tokens > s.max_tokens:
         raise InvalidArgument(
             f"must be <= max_tokens ({s.max_tokens}), got {s.min_tokens}", field="sampling.min_tokens"
         )
+    if len(s.stop) > MAX_STOP_STRINGS:
+        raise InvalidArgument(
+            f"at most {MAX_STOP_STRINGS} stop strings, got {len(s.stop)}", field="sampling.stop"
+        )
     for i, stop in enumerate(s.stop):
-        if not stop:
-            raise InvalidArgument("stop strings must not be empty", field=f"sampling.stop[{i}]")
+        if not stop or len(stop) > MAX_STOP_CHARS:
+            raise InvalidArgument(
+                f"stop strings must have 1 to {MAX_STOP_CHARS} characters, got {len(stop)}",
+                field=f"sampling.stop[{i}]",
+            )
     if s.seed is not None and not 0 <= s.seed < 2**63:
         raise InvalidArgument("must be < 2**63", field="sampling.seed")
     if s.top_k == -1:
@@ -47,7 +88,8 @@ def validate_sampling(s: SamplingSpec) -> SamplingSpec:
 class RequestValidator:
     """Turns a GenerateRequest into a GenerationJob of token ids, or raises InvalidArgument.
 
-    ``max_model_len``: prompt tokens + ``max_tokens`` may not exceed it.
+    ``max_model_len``: prompt tokens + ``max_tokens`` may not exceed it. ``max_prompts`` and
+    ``max_request_tokens`` (prompts × n × max_tokens) are the server's limits on one call.
     """
 
     tokenizer: PreTrainedTokenizerBase
@@ -55,13 +97,15 @@ class RequestValidator:
     vocab_size: int
     max_prompts: int = 4096
     max_n: int = 1024
+    max_request_tokens: int = 1 << 20
 
     def to_job(self, request: GenerateRequest) -> GenerationJob:
         if not request.prompts:
             raise InvalidArgument("at least one prompt is required", field="prompts")
         if len(request.prompts) > self.max_prompts:
-            raise InvalidArgument(
-                f"{len(request.prompts)} prompts, the server takes at most {self.max_prompts}",
+            raise ResourceExhausted(
+                f"{len(request.prompts)} prompts is more than the server's limit "
+                f"max_prompts = {self.max_prompts}",
                 field="prompts",
             )
         if request.n < 1:
@@ -69,6 +113,13 @@ class RequestValidator:
         if request.n > self.max_n:
             raise InvalidArgument(f"must be <= {self.max_n}, got {request.n}", field="n")
         sampling = validate_sampling(request.sampling)
+        budget = len(request.prompts) * request.n * sampling.max_tokens
+        if budget > self.max_request_tokens:
+            raise ResourceExhausted(
+                f"prompts × n × max_tokens = {len(request.prompts)} × {request.n} × {sampling.max_tokens} = "
+                f"{budget} tokens, more than the limit max_request_tokens = {self.max_request_tokens}",
+                field="sampling.max_tokens",
+            )
         token_ids = [self.tokenize(p, i) for i, p in enumerate(request.prompts)]
         for i, ids in enumerate(token_ids):
             if len(ids) + sampling.max_tokens > self.max_model_len:
@@ -101,9 +152,14 @@ class RequestValidator:
                 if not role:
                     raise InvalidArgument("role must not be empty", field=f"{field}.messages[{j}].role")
             messages = [{"role": role, "content": content} for role, content in prompt.messages]
-            ids = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False
-            )
+            try:
+                ids = self.tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            except jinja2.TemplateError as exc:  # the template's raise_exception: roles out of order, ...
+                raise InvalidArgument(
+                    f"the chat template refused them: {exc}", field=f"{field}.messages"
+                ) from exc
             ids = list(ids["input_ids"]) if isinstance(ids, dict) else list(ids)
         elif prompt.text:
             ids = list(self.tokenizer(prompt.text)["input_ids"])
@@ -118,3 +174,25 @@ class RequestValidator:
         if not ids:
             raise InvalidArgument("the prompt has no tokens", field=field)
         return ids
+
+
+def check_completions(results: list[RawCompletion], vocab_size: int, n: int) -> None:
+    """The last guard before a response: every logprob finite, every token id in the vocabulary.
+
+    A non-finite logprob means the serving weights (or an engine) produced non-finite logits;
+    that is the server's state, not the request's, so the call fails with FAILED_PRECONDITION
+    instead of returning NaN with OK.
+    """
+    for k, raw in enumerate(results):
+        where = f"prompts[{k // n}] sample {k % n}"
+        if len(raw.logprobs) != len(raw.token_ids):
+            raise FailedPrecondition(
+                f"the engine returned {len(raw.logprobs)} logprobs for {len(raw.token_ids)} tokens ({where})"
+            )
+        if raw.logprobs and not np.isfinite(np.asarray(raw.logprobs, dtype=np.float64)).all():
+            raise FailedPrecondition(
+                f"the engine produced a non-finite logprob ({where}): the serving weights give "
+                "non-finite logits; push or load finite weights"
+            )
+        if raw.token_ids and not all(0 <= t < vocab_size for t in raw.token_ids):
+            raise FailedPrecondition(f"the engine produced a token id outside [0, {vocab_size}) ({where})")

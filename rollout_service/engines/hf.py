@@ -18,6 +18,7 @@ weights are pushed or loaded again (the contract every engine follows).
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import tempfile
@@ -110,8 +111,13 @@ class HFEngine(Engine):
             for i, prompt in enumerate(job.prompt_token_ids):
                 for j in range(job.n):
                     rows.append(_Row(job, prompt, self._generator(job.sampling, i, j)))
-        for start in range(0, len(rows), self.max_batch_size):
-            self._decode(rows[start : start + self.max_batch_size])
+        # Rows of a job whose caller went away are skipped when the next batch is formed, so a
+        # cancelled request stops costing work at once, not after every batch it queued.
+        pending = iter(rows)
+        while batch := list(
+            itertools.islice((r for r in pending if not r.job.cancel.cancelled), self.max_batch_size)
+        ):
+            self._decode(batch)
         by_job: dict[int, list[RawCompletion]] = {id(job): [] for job in jobs}
         for row in rows:
             by_job[id(row.job)].append(
@@ -155,7 +161,8 @@ class HFEngine(Engine):
             use_cache=True,
             logits_to_keep=1,
         )
-        active = list(range(len(rows)))  # batch row b ↔ rows[active[b]]
+        active = list(range(len(rows)))  # batch row b ↔ rows[active[b]]; a cancelled row finishes
+        # (ABORT) at its next step and leaves the batch with the next compaction
         step = 0
         while True:
             logits = out.logits[:, -1, :].float().cpu()

@@ -120,31 +120,48 @@ class VllmEngine(Engine):
 
     # --------------------------------------------------------------- generate
     def generate(self, jobs: list[GenerationJob]) -> None:
+        """One engine request per prompt (its ``n`` samples are vLLM's child requests).
+
+        Between steps, the requests of a job whose caller went away are aborted by their ids
+        (``LLMEngine.abort_request`` also aborts the child requests of an ``n > 1`` parent), and
+        whatever ends this call (an error included) aborts the requests still unfinished, so no
+        work outlives the call.
+        """
         engine = self.llm.llm_engine
         owner: dict[str, tuple[GenerationJob, int]] = {}
-        for job in jobs:
-            for i, prompt in enumerate(job.prompt_token_ids):
-                request_id = f"r{next(self._ids)}"
-                owner[request_id] = (job, i)
-                params = self._sampling_params(job, i)
-                engine.add_request(request_id, {"prompt_token_ids": prompt}, params, lora_request=self._lora)
-            job.results = [RawCompletion([], [], FinishReason.ABORT, "")] * job.num_rows
-        aborted: set[int] = set()
-        while True:
+        unfinished: set[str] = set()
+        try:
             for job in jobs:
-                if job.cancel.cancelled and id(job) not in aborted:
-                    aborted.add(id(job))
-                    engine.abort_request([rid for rid, (j, _) in owner.items() if j is job])
-            # Checked after the aborts: step() blocks until the engine core has output, so it
-            # must not be called once every request is gone.
-            if not engine.has_unfinished_requests():
-                break
-            for output in engine.step():
-                if not output.finished or output.request_id not in owner:
+                job.results = [RawCompletion([], [], FinishReason.ABORT, "")] * job.num_rows
+                if job.cancel.cancelled:
                     continue
-                job, i = owner[output.request_id]
-                for completion in sorted(output.outputs, key=lambda c: c.index):
-                    job.results[i * job.n + completion.index] = _raw(completion)
+                for i, prompt in enumerate(job.prompt_token_ids):
+                    request_id = f"r{next(self._ids)}"
+                    owner[request_id] = (job, i)
+                    params = self._sampling_params(job, i)
+                    engine.add_request(
+                        request_id, {"prompt_token_ids": prompt}, params, lora_request=self._lora
+                    )
+                    unfinished.add(request_id)
+            while unfinished:
+                cancelled = {rid for rid in unfinished if owner[rid][0].cancel.cancelled}
+                if cancelled:
+                    engine.abort_request(sorted(cancelled))
+                    unfinished -= cancelled
+                # Checked after the aborts: step() blocks until the engine core has output, so it
+                # must not be called once every request is gone.
+                if not unfinished or not engine.has_unfinished_requests():
+                    break
+                for output in engine.step():
+                    if not output.finished or output.request_id not in owner:
+                        continue
+                    unfinished.discard(output.request_id)
+                    job, i = owner[output.request_id]
+                    for completion in sorted(output.outputs, key=lambda c: c.index):
+                        job.results[i * job.n + completion.index] = _raw(completion)
+        finally:
+            if unfinished:
+                engine.abort_request(sorted(unfinished))
 
     def _sampling_params(self, job: GenerationJob, prompt_index: int) -> SamplingParams:
         """vLLM derives the seeds of the n samples from ``seed`` (seed + index); each prompt gets

@@ -26,8 +26,12 @@ PROMPTS = ["What is 12 + 7?", [{"role": "user", "content": "Compute 3 * 4 - 5."}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_models):
-    with BackgroundServer(RolloutSettings(model=str(tiny_models["policy"]), engine="hf")) as running:
+def server(tiny_models, tmp_path_factory):
+    # LoadWeights reads only under weights_root: here every test's tmp_path.
+    settings = RolloutSettings(
+        model=str(tiny_models["policy"]), engine="hf", weights_root=str(tmp_path_factory.getbasetemp())
+    )
+    with BackgroundServer(settings) as running:
         yield running
 
 

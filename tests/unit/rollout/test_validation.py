@@ -5,15 +5,23 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from grpo_runtime.errors import InvalidArgument
-from rollout_service.core.types import GenerateRequest, PromptInput, SamplingSpec
-from rollout_service.core.validation import RequestValidator
+from grpo_runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from rollout_service.core.types import (
+    FinishReason,
+    GenerateRequest,
+    PromptInput,
+    RawCompletion,
+    SamplingSpec,
+)
+from rollout_service.core.validation import RequestValidator, check_completions
 
 
 @pytest.fixture(scope="module")
 def validator(tiny_models) -> RequestValidator:
     tokenizer = AutoTokenizer.from_pretrained(tiny_models["policy"])
-    return RequestValidator(tokenizer, max_model_len=64, vocab_size=len(tokenizer), max_prompts=4)
+    return RequestValidator(
+        tokenizer, max_model_len=64, vocab_size=len(tokenizer), max_prompts=4, max_request_tokens=160
+    )
 
 
 def request(*prompts: PromptInput, n: int = 1, **sampling) -> GenerateRequest:
@@ -27,7 +35,6 @@ TEXT = PromptInput(id="a", text="What is 12 + 7?")
     ("req", "field"),
     [
         (request(), "prompts"),
-        (request(*[TEXT] * 5), "prompts"),
         (request(TEXT, n=0), "n"),
         (request(TEXT, PromptInput(id="b")), "prompts[1]"),
         (request(PromptInput(text="x", token_ids=(1, 2))), "prompts[0]"),
@@ -38,6 +45,19 @@ TEXT = PromptInput(id="a", text="What is 12 + 7?")
         (request(TEXT, max_tokens=60), "sampling.max_tokens"),
         (request(TEXT, temperature=-0.1), "sampling.temperature"),
         (request(TEXT, temperature=float("nan")), "sampling.temperature"),
+        (request(TEXT, temperature=float("inf")), "sampling.temperature"),
+        (request(TEXT, temperature=1e-30), "sampling.temperature"),  # logits / T overflows fp32
+        (request(TEXT, temperature=1e-45), "sampling.temperature"),  # a float32 denormal
+        (request(TEXT, temperature=0.009), "sampling.temperature"),
+        (request(TEXT, temperature=1e30), "sampling.temperature"),
+        (request(TEXT, top_p=float("nan")), "sampling.top_p"),
+        (request(TEXT, min_p=float("nan")), "sampling.min_p"),
+        (request(TEXT, min_p=-0.5), "sampling.min_p"),
+        (request(TEXT, repetition_penalty=float("nan")), "sampling.repetition_penalty"),
+        (request(TEXT, repetition_penalty=1e-30), "sampling.repetition_penalty"),
+        (request(TEXT, repetition_penalty=1e30), "sampling.repetition_penalty"),
+        (request(TEXT, stop=("x",) * 17), "sampling.stop"),
+        (request(TEXT, stop=("x" * 257,)), "sampling.stop[0]"),
         (request(TEXT, top_p=0.0), "sampling.top_p"),
         (request(TEXT, top_p=1.5), "sampling.top_p"),
         (request(TEXT, top_k=-2), "sampling.top_k"),
@@ -67,3 +87,43 @@ def test_three_prompt_forms_tokenize(validator):
     assert job.prompt_token_ids[2] == [5, 6, 7]
     assert job.num_rows == 9
     assert job.sampling.top_k == 0  # -1 normalised to "off"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.01, 1.0, 100.0])
+def test_temperature_bounds_accept_greedy_and_the_safe_range(validator, temperature):
+    assert validator.to_job(request(TEXT, temperature=temperature)).sampling.temperature == temperature
+
+
+@pytest.mark.parametrize(
+    ("req", "field", "limit"),
+    [
+        (request(*[TEXT] * 5), "prompts", "max_prompts"),
+        (request(TEXT, TEXT, n=9, max_tokens=9), "sampling.max_tokens", "max_request_tokens"),
+    ],
+)
+def test_server_limits_are_resource_exhausted_naming_the_limit(validator, req, field, limit):
+    with pytest.raises(ResourceExhausted) as info:
+        validator.to_job(req)
+    assert info.value.field == field and limit in info.value.details
+
+
+def test_a_chat_template_that_refuses_the_messages_is_invalid_argument(validator, tiny_models):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["policy"])
+    tokenizer.chat_template = "{{ raise_exception('roles must alternate') }}"
+    strict = RequestValidator(tokenizer, max_model_len=64, vocab_size=len(tokenizer))
+    with pytest.raises(InvalidArgument) as info:
+        strict.to_job(request(PromptInput(messages=(("user", "hi"),))))
+    assert info.value.field == "prompts[0].messages" and "roles must alternate" in info.value.message
+
+
+def test_completions_with_non_finite_logprobs_or_foreign_tokens_never_pass():
+    good = RawCompletion([1, 2], [-0.5, -1.0], FinishReason.LENGTH)
+    check_completions([good], vocab_size=10, n=1)
+    for bad in (
+        RawCompletion([1, 2], [-0.5, float("nan")], FinishReason.LENGTH),
+        RawCompletion([1], [float("-inf")], FinishReason.LENGTH),
+        RawCompletion([1, 10], [-0.5, -1.0], FinishReason.LENGTH),
+        RawCompletion([1, 2], [-0.5], FinishReason.LENGTH),
+    ):
+        with pytest.raises(FailedPrecondition, match=r"prompts\[0\] sample 1"):
+            check_completions([good, bad], vocab_size=10, n=2)

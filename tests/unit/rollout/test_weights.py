@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
-from grpo_runtime.errors import InvalidArgument
+from grpo_runtime.errors import InvalidArgument, ResourceExhausted
+from rollout_service.core import payload as codec
 from rollout_service.core.types import WeightFormat, WeightPayload
 from rollout_service.weights import (
     ParamCatalog,
@@ -106,19 +109,107 @@ def test_lora_checks(catalog, lora):
 def test_read_directory(tmp_path, catalog, lora):
     model, _, _ = lora
     model.save_pretrained(tmp_path / "adapter")
-    update = read_directory(str(tmp_path / "adapter"), 2, WeightFormat.UNSPECIFIED, catalog)
+    root = tmp_path.resolve()
+    update = read_directory(str(tmp_path / "adapter"), 2, WeightFormat.UNSPECIFIED, catalog, root)
     assert update.format == WeightFormat.LORA_ADAPTER and update.lora is not None
     sd_dir = tmp_path / "sd"
     sd_dir.mkdir()
     (sd_dir / "part.safetensors").write_bytes(state_dict_bytes({"model.norm.weight": torch.ones(128)}))
-    update = read_directory(str(sd_dir), 3, WeightFormat.UNSPECIFIED, catalog)
+    update = read_directory("sd", 3, WeightFormat.UNSPECIFIED, catalog, root)  # relative to the root
     assert update.format == WeightFormat.STATE_DICT and update.num_tensors == 1
     assert (
-        field_of(lambda: read_directory(str(tmp_path / "nope"), 4, WeightFormat.UNSPECIFIED, catalog))
+        field_of(lambda: read_directory(str(tmp_path / "nope"), 4, WeightFormat.UNSPECIFIED, catalog, root))
         == "path"
     )
     (tmp_path / "empty").mkdir()
     assert (
-        field_of(lambda: read_directory(str(tmp_path / "empty"), 4, WeightFormat.STATE_DICT, catalog))
+        field_of(lambda: read_directory(str(tmp_path / "empty"), 4, WeightFormat.STATE_DICT, catalog, root))
         == "path"
     )
+
+
+def raw_safetensors(dtype: str, shape: list[int], nbytes: int, name: str = "model.norm.weight") -> bytes:
+    """A safetensors file with one tensor of any dtype name (encode() only writes torch dtypes)."""
+    header = json.dumps({name: {"dtype": dtype, "shape": shape, "data_offsets": [0, nbytes]}}).encode()
+    header += b" " * (-len(header) % 8)
+    return len(header).to_bytes(8, "little") + header + bytes(nbytes)
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (raw_safetensors("F8_E4M3", [128], 128), "dtype F8_E4M3"),
+        (raw_safetensors("F8_E5M2", [128], 128), "dtype F8_E5M2"),
+        (raw_safetensors("F64", [128], 1024), "dtype F64"),
+        (raw_safetensors("BOOL", [128], 128), "dtype BOOL"),
+        (raw_safetensors("I32", [128], 512), "dtype I32"),
+        (raw_safetensors("C64", [128], 1024), "unknown dtype"),
+        (raw_safetensors("F32", [], 4), "shape []"),
+        (raw_safetensors("F32", [0], 0), "shape [0]"),
+    ],
+)
+def test_unsupported_dtypes_and_degenerate_tensors_are_refused(catalog, data, why):
+    with pytest.raises(InvalidArgument, match=re.escape(why)) as info:
+        validate_payload(payload(data), catalog)
+    assert info.value.field == "data"
+
+
+def test_lora_config_and_rank_checks(catalog, lora):
+    _, tensors, config_json = lora
+    data = state_dict_bytes(tensors)
+    config = json.loads(config_json)
+
+    def refused(data=data, **changes) -> str:
+        text = changes.pop("text", None) or json.dumps({**config, **changes})
+        with pytest.raises(InvalidArgument) as info:
+            validate_payload(payload(data, WeightFormat.LORA_ADAPTER, adapter_config_json=text), catalog)
+        return info.value.field
+
+    assert refused(text=config_json.replace('"lora_alpha": 8', '"lora_alpha": NaN')) == "adapter_config_json"
+    assert (
+        refused(text=config_json.replace('"lora_alpha": 8', '"lora_alpha": 1e999')) == "adapter_config_json"
+    )
+    assert (
+        refused(text=config_json.replace('"lora_alpha": 8', '"lora_alpha": Infinity'))
+        == "adapter_config_json"
+    )
+    assert refused(lora_alpha="8") == "adapter_config_json"
+    assert refused(lora_alpha=True) == "adapter_config_json"
+    assert refused(r=0) == "adapter_config_json"
+    assert refused(r=-4) == "adapter_config_json"
+    assert refused(r=2) == "data"  # the tensors have rank 4
+    assert refused(use_rslora="yes") == "adapter_config_json"
+    assert refused(text="[" * 100_000 + "]" * 100_000) == "adapter_config_json"  # past the recursion limit
+    assert refused(text=" " * (1 << 21) + "{}") == "adapter_config_json"
+    assert refused(lora_alpha=1e300) == "data"  # s·B·A would overflow float32
+
+    rank0 = {k: (v[:0] if "lora_A" in k else v[:, :0]) for k, v in tensors.items()}
+    assert refused(data=raw_lora(rank0), r=None) == "data"
+    a_name = next(k for k in tensors if k.endswith("lora_A.weight"))
+    scalar = {**tensors, a_name: torch.tensor(1.0)}
+    assert refused(data=state_dict_bytes(scalar)) == "data"
+
+
+def raw_lora(tensors: dict[str, torch.Tensor]) -> bytes:
+    """A LoRA payload whose tensors may be empty (encode writes them; the validation refuses)."""
+    header, offset = {}, 0
+    for name, tensor in tensors.items():
+        header[name] = {"dtype": "F32", "shape": list(tensor.shape), "data_offsets": [offset, offset]}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + bytes(offset)
+
+
+def test_payload_receiver_caps_declared_and_streamed_sizes():
+    with pytest.raises(ResourceExhausted, match="max_weight_bytes") as info:
+        codec.PayloadReceiver(1000, max_bytes=999)
+    assert info.value.field == "total_bytes"
+    undeclared = codec.PayloadReceiver(0, max_bytes=10)
+    undeclared.add(b"x" * 10)
+    with pytest.raises(ResourceExhausted, match="max_weight_bytes"):
+        undeclared.add(b"y")
+
+
+def test_the_default_payload_cap_fits_a_full_float64_state_dict(catalog):
+    numel = sum(math.prod(shape) for shape in catalog.shapes.values())
+    assert catalog.max_payload_bytes == 16 * numel + (1 << 20)
