@@ -10,7 +10,7 @@ from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 from grpo_runtime.config import ConfigError
 from grpo_runtime.server import Cleanup, ServiceBinding
 from reward_service.api.reward import RewardServicer
-from reward_service.core.scorer import Scorer
+from reward_service.core.scorer import ScoreLimits, Scorer
 from reward_service.mathverify.pool import MathVerifyPool
 from reward_service.rewards.registry import builtin_rewards
 from reward_service.sandbox.runner import SandboxRunner, probe_namespaces
@@ -108,10 +108,16 @@ async def start_reward_service(settings: RewardSettings) -> RewardService:
             await registry.close()
         raise
     scorer = Scorer(
-        builtin_rewards(pool, sandbox, available, status),
+        builtin_rewards(pool, sandbox, available, status, settings),
         registry,
-        max_samples=settings.max_samples,
         max_concurrent=settings.max_concurrent_requests,
+        limits=ScoreLimits(
+            max_samples=settings.max_samples,
+            max_rewards=settings.max_rewards,
+            max_completion_chars=settings.max_completion_chars,
+            max_completion_ids=settings.max_completion_ids,
+            max_prompt_chars=settings.max_prompt_chars,
+        ),
     )
     return RewardService(scorer=scorer, pool=pool, registry=registry, settings=settings)
 

@@ -17,9 +17,34 @@ class RewardSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_samples: int = Field(4096, ge=1, description="Samples allowed in one ScoreRequest.")
+    max_samples: int = Field(
+        4096, ge=1, description="Samples allowed in one ScoreRequest; more is RESOURCE_EXHAUSTED."
+    )
+    max_rewards: int = Field(
+        32, ge=1, description="RewardSpecs allowed in one ScoreRequest; more is RESOURCE_EXHAUSTED."
+    )
+    max_completion_chars: int = Field(
+        1 << 20, ge=1, description="Characters of one Sample.completion; longer is INVALID_ARGUMENT."
+    )
+    max_completion_ids: int = Field(
+        1 << 18, ge=1, description="Token ids in one Sample.completion_ids; more is INVALID_ARGUMENT."
+    )
+    max_prompt_chars: int = Field(
+        1 << 20,
+        ge=1,
+        description="Characters of one Sample's prompt messages together; longer is INVALID_ARGUMENT.",
+    )
     max_concurrent_requests: int = Field(
         64, ge=1, description="Score requests scored at once; more are refused with RESOURCE_EXHAUSTED."
+    )
+    text_deadline_s: float = Field(
+        2.0,
+        gt=0,
+        description="Seconds one sample of a text reward (format, tag_count, reasoning_steps, "
+        "repetition_penalty) may take; past it the component is an error.",
+    )
+    text_budget_s: float = Field(
+        60.0, gt=0, description="Seconds all samples of one request may take in one text reward."
     )
     stream_window: int = Field(4, ge=1, description="Requests of one ScoreStream scored at the same time.")
     mathverify: MathVerifySettings = Field(default_factory=MathVerifySettings)

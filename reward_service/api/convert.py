@@ -19,9 +19,34 @@ from reward_service.types import (
     SampleResult,
 )
 
+# Nesting allowed in metadata and params (objects and lists together). protobuf's decoder already refuses
+# about 48 Struct levels; this keeps what parses within what rewards and JSON tools handle comfortably.
+MAX_STRUCT_DEPTH = 32
 
-def _struct(value: struct_pb2.Struct) -> dict[str, Any]:
-    return json_format.MessageToDict(value)
+
+def _struct(value: struct_pb2.Struct, field: str) -> dict[str, Any]:
+    """A Struct as plain JSON values; InvalidArgument naming ``field.<path>`` for a NaN/inf number or
+    nesting past MAX_STRUCT_DEPTH (no JSON value is either)."""
+    return {key: _plain(item, f"{field}.{key}", 1) for key, item in value.fields.items()}
+
+
+def _plain(value: struct_pb2.Value, field: str, depth: int) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        if not math.isfinite(value.number_value):
+            raise InvalidArgument(f"must be a finite number, got {value.number_value}", field=field)
+        return value.number_value
+    if kind in ("struct_value", "list_value"):
+        if depth >= MAX_STRUCT_DEPTH:
+            raise InvalidArgument(f"nested deeper than {MAX_STRUCT_DEPTH} levels", field=field)
+        if kind == "struct_value":
+            return {k: _plain(v, f"{field}.{k}", depth + 1) for k, v in value.struct_value.fields.items()}
+        return [_plain(v, f"{field}[{i}]", depth + 1) for i, v in enumerate(value.list_value.values)]
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    return None  # null_value, or no kind set (JSON null, as json_format reads it)
 
 
 def _json_value(value: Any) -> struct_pb2.Value:
@@ -42,18 +67,23 @@ def sample(message: reward_pb2.Sample, index: int) -> Sample:
         completion=message.completion,
         prompt=tuple(Message(role=m.role, content=m.content) for m in message.prompt),
         completion_ids=tuple(message.completion_ids),
-        metadata=_struct(message.metadata),
+        metadata=_struct(message.metadata, f"samples[{index}].metadata"),
         group=message.group,
     )
 
 
-def reward_spec(message: reward_pb2.RewardSpec) -> RewardRequest:
+def reward_spec(message: reward_pb2.RewardSpec, index: int) -> RewardRequest:
     weight = message.weight if message.HasField("weight") else 1.0
-    return RewardRequest(name=message.name, weight=weight, params=_struct(message.params))
+    return RewardRequest(
+        name=message.name, weight=weight, params=_struct(message.params, f"rewards[{index}].params")
+    )
 
 
 def score_request(message: reward_pb2.ScoreRequest) -> tuple[list[Sample], list[RewardRequest]]:
-    return [sample(s, i) for i, s in enumerate(message.samples)], [reward_spec(r) for r in message.rewards]
+    return (
+        [sample(s, i) for i, s in enumerate(message.samples)],
+        [reward_spec(r, i) for i, r in enumerate(message.rewards)],
+    )
 
 
 def _finite(value: float | None) -> float | None:

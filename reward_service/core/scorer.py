@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
@@ -31,6 +32,18 @@ class ModelRewards(Protocol):
     ) -> list[ComponentResult]: ...
 
 
+@dataclass(frozen=True)
+class ScoreLimits:
+    """What one Score request may ask for (the settings of the same names): counts past a limit are
+    RESOURCE_EXHAUSTED naming the limit, an over-size field is INVALID_ARGUMENT naming the field."""
+
+    max_samples: int = 4096
+    max_rewards: int = 32
+    max_completion_chars: int = 1 << 20
+    max_completion_ids: int = 1 << 18
+    max_prompt_chars: int = 1 << 20
+
+
 class Scorer:
     """Scores requests with the built-ins and the loaded models, at most ``max_concurrent`` at a time."""
 
@@ -39,12 +52,12 @@ class Scorer:
         builtins: Mapping[str, Reward],
         models: ModelRewards | None,
         *,
-        max_samples: int,
         max_concurrent: int,
+        limits: ScoreLimits = ScoreLimits(),
     ):
         self._builtins = dict(builtins)
         self._models = models
-        self._max_samples = max_samples
+        self._limits = limits
         self._max_concurrent = max_concurrent
         self._in_flight = 0
         self._released = asyncio.Event()
@@ -80,14 +93,23 @@ class Scorer:
 
     def validate(self, samples: Sequence[Sample], rewards: Sequence[RewardRequest]) -> list[dict[str, Any]]:
         """Checks the request; returns each reward's resolved params. InvalidArgument names the field."""
+        limits = self._limits
         if not samples:
             raise InvalidArgument("at least one sample is required", field="samples")
-        if len(samples) > self._max_samples:
-            raise InvalidArgument(
-                f"{len(samples)} samples, at most {self._max_samples} per request", field="samples"
+        if len(samples) > limits.max_samples:
+            raise ResourceExhausted(
+                f"{len(samples)} samples, at most max_samples={limits.max_samples} per request",
+                field="samples",
             )
         if not rewards:
             raise InvalidArgument("at least one reward is required", field="rewards")
+        if len(rewards) > limits.max_rewards:
+            raise ResourceExhausted(
+                f"{len(rewards)} rewards, at most max_rewards={limits.max_rewards} per request",
+                field="rewards",
+            )
+        for i, sample in enumerate(samples):
+            self._check_size(i, sample)
         seen: dict[str, int] = {}
         resolved = []
         for i, spec in enumerate(rewards):
@@ -102,6 +124,29 @@ class Scorer:
                 raise InvalidArgument(f"must be finite, got {spec.weight}", field=f"{where}.weight")
             resolved.append(self._resolve(where, spec))
         return resolved
+
+    def _check_size(self, index: int, sample: Sample) -> None:
+        limits = self._limits
+        where = f"samples[{index}]"
+        if len(sample.completion) > limits.max_completion_chars:
+            raise InvalidArgument(
+                f"{len(sample.completion)} characters, at most max_completion_chars="
+                f"{limits.max_completion_chars}",
+                field=f"{where}.completion",
+            )
+        if len(sample.completion_ids) > limits.max_completion_ids:
+            raise InvalidArgument(
+                f"{len(sample.completion_ids)} token ids, at most "
+                f"max_completion_ids={limits.max_completion_ids}",
+                field=f"{where}.completion_ids",
+            )
+        prompt_chars = sum(len(m.content) + len(m.role) for m in sample.prompt)
+        if prompt_chars > limits.max_prompt_chars:
+            raise InvalidArgument(
+                f"{prompt_chars} characters in its messages, at most "
+                f"max_prompt_chars={limits.max_prompt_chars}",
+                field=f"{where}.prompt",
+            )
 
     def _resolve(self, where: str, spec: RewardRequest) -> dict[str, Any]:
         if spec.name.startswith(MODEL_PREFIXES):

@@ -1,10 +1,13 @@
-"""A pool of math-verify worker processes with a hard per-sample deadline.
+"""A pool of checker worker processes (math-verify, JSON schema) with a hard per-sample deadline.
 
 Why processes: math-verify's timeouts use ``SIGALRM`` and only work in the main thread of the main
 interpreter, and SymPy can hang inside C code where no signal helps. Each worker is a ``spawn``-ed process
 (never ``fork``: gRPC is not fork-safe) that runs ``worker.serve`` in its main thread, so math-verify's own
 timeouts work there. On top of that every sample has a hard deadline: a worker that overruns it is killed and
-replaced, and the sample gets ``error="verification timed out after Xs"`` — never a silent 0.
+replaced (the pool returns to full size once the new process is ready), and the sample gets
+``error="exceeded the per-sample deadline of Xs ..."`` — never a silent 0, and no orphaned SymPy work. The
+same workers validate completions against user-supplied JSON schemas (see ``worker``), whose regular
+expressions can backtrack without bound.
 
 Scheduling: a sample waits in the queue of the worker its gold answer hashes to, so the G completions of a
 group meet that worker's caches (parsed gold, verdicts; see ``worker``); a worker whose own queue is empty
@@ -27,6 +30,7 @@ import multiprocessing
 import time
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 from reward_service.mathverify import worker
 from reward_service.mathverify.settings import MathVerifySettings
@@ -36,12 +40,19 @@ log = logging.getLogger(__name__)
 _CONTEXT = multiprocessing.get_context("spawn")
 STARTUP_TIMEOUT_S = 120.0
 PIPELINE_DEPTH = 2
+# A sample whose caller went away (cancelled or expired Score) may finish within this many seconds;
+# after that its worker is killed and replaced rather than left computing for nobody.
+ABANDONED_GRACE_S = 1.0
+
+
+class _Abandoned(Exception):
+    """The caller of the sample in progress went away."""
 
 
 @dataclass
 class _Job:
-    gold: str
-    completion: str
+    task: tuple[Any, ...]  # what the worker runs, see ``worker._run``
+    key: str  # picks the worker whose caches the job should meet
     deadline_s: float
     result: asyncio.Future[tuple[float | None, str]] = field(repr=False)
 
@@ -58,17 +69,24 @@ class _Worker:
         self.process.start()
         child.close()
 
-    async def receive(self, timeout: float | None) -> object:
-        """Waits for the next message without blocking the event loop; TimeoutError past ``timeout``."""
+    async def receive(self, timeout: float | None, abandoned: asyncio.Future[Any] | None = None) -> object:
+        """Waits for the next message without blocking the event loop; TimeoutError past ``timeout``,
+        _Abandoned as soon as ``abandoned`` (the awaited job's result) is done without it."""
         if not self.conn.poll():
             loop = asyncio.get_running_loop()
             ready = loop.create_future()
             fd = self.conn.fileno()
             loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+            waiting: set[asyncio.Future[Any]] = {ready} if abandoned is None else {ready, abandoned}
             try:
-                await asyncio.wait_for(ready, timeout)
+                await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 loop.remove_reader(fd)
+                ready.cancel()
+            if not self.conn.poll():
+                if abandoned is not None and abandoned.done():
+                    raise _Abandoned
+                raise TimeoutError
         return self.conn.recv()
 
     def kill(self) -> None:
@@ -120,15 +138,26 @@ class MathVerifyPool:
         self, gold: str, completion: str, deadline_s: float | None = None
     ) -> tuple[float | None, str]:
         """Verifies one completion against its gold answer; see ``worker.check_answer``."""
+        return await self._submit((worker.MATH, gold, completion), gold, deadline_s)
+
+    async def check_json_schema(
+        self, schema: Any, completion: str, partial: bool, deadline_s: float | None = None
+    ) -> tuple[float | None, str]:
+        """Validates one completion against a sample's schema; see ``json_schema.check_completion``."""
+        return await self._submit((worker.JSON_SCHEMA, schema, completion, partial), completion, deadline_s)
+
+    async def _submit(
+        self, task: tuple[Any, ...], key: str, deadline_s: float | None
+    ) -> tuple[float | None, str]:
         if self._closed:
             raise RuntimeError("math-verify pool is closed")
         job = _Job(
-            gold,
-            completion,
+            task,
+            key,
             deadline_s or self.settings.deadline_s,
             asyncio.get_running_loop().create_future(),
         )
-        self._queues[hash(gold) % len(self._queues)].append(job)
+        self._queues[hash(key) % len(self._queues)].append(job)
         self._job_ready.set()
         return await job.result
 
@@ -187,9 +216,18 @@ class MathVerifyPool:
             head = in_pipe[0]
             remaining = head.deadline_s - (time.monotonic() - head_started)
             try:
-                value, error = await w.receive(max(remaining, 0.0))  # type: ignore[misc]
+                try:
+                    reply = await w.receive(max(remaining, 0.0), abandoned=head.result)
+                except _Abandoned:
+                    reply = await w.receive(min(max(remaining, 0.0), ABANDONED_GRACE_S))
+                value, error = reply  # type: ignore[misc]
             except TimeoutError:
-                self._retire(slot, in_pipe, f"verification timed out after {head.deadline_s:g}s")
+                self._retire(
+                    slot,
+                    in_pipe,
+                    f"exceeded the per-sample deadline of {head.deadline_s:g}s (mathverify.deadline_s); "
+                    "its worker was killed and replaced",
+                )
                 continue
             except (EOFError, OSError):
                 self._retire(slot, in_pipe, "verification worker died")
@@ -203,7 +241,7 @@ class MathVerifyPool:
     def _send(w: _Worker, job: _Job, in_pipe: collections.deque[_Job]) -> bool:
         in_pipe.append(job)
         try:
-            w.conn.send((job.gold, job.completion))
+            w.conn.send(job.task)
         except OSError:
             return False
         return True

@@ -1,4 +1,9 @@
-"""Code that runs inside a math-verify worker process (its main thread, so SIGALRM timeouts work).
+"""Code that runs inside a checker worker process (its main thread, so SIGALRM timeouts work).
+
+Two kinds of job run here, both of which can take unbounded CPU on hostile input and are therefore run
+where a hard deadline can kill them: math-verify answers (SymPy) and JSON-schema validation against a
+sample's own schema (its ``pattern``s are user-supplied regular expressions; Python's ``re`` can backtrack
+for hours and never releases the GIL).
 
 ``check_answer`` reproduces TRL's ``trl.rewards.accuracy_reward`` for one sample:
 
@@ -25,6 +30,11 @@ from typing import Any
 
 from latex2sympy2_extended import NormalizationConfig
 from math_verify import LatexExtractionConfig, parse, verify
+
+from reward_service.rewards import json_schema
+
+MATH = "math"
+JSON_SCHEMA = "json_schema"
 
 ANSWER_EXTRACTION = [
     LatexExtractionConfig(
@@ -94,8 +104,18 @@ def check_answer(
     return value, ""
 
 
+def _run(job: tuple[Any, ...], parse_timeout: int, verify_timeout: int) -> tuple[float | None, str]:
+    """One job: ``(MATH, gold, completion)`` or ``(JSON_SCHEMA, schema, completion, partial)``."""
+    if job[0] == MATH:
+        _, gold, completion = job
+        return check_answer(gold, completion, parse_timeout, verify_timeout)
+    _, schema, completion, partial = job
+    result = json_schema.check_completion(schema, completion, partial)
+    return result.value, result.error
+
+
 def serve(conn: Any, parse_timeout: int, verify_timeout: int) -> None:
-    """Worker loop: receives ``(gold, completion)``, answers ``(value, error)``; ``None`` stops it."""
+    """Worker loop: receives a job tuple (see ``_run``), answers ``(value, error)``; ``None`` stops it."""
     conn.send("ready")
     while True:
         try:
@@ -104,9 +124,10 @@ def serve(conn: Any, parse_timeout: int, verify_timeout: int) -> None:
             return
         if job is None:
             return
-        gold, completion = job
         try:
-            result = check_answer(gold, completion, parse_timeout, verify_timeout)
+            result = _run(job, parse_timeout, verify_timeout)
+        except RecursionError:
+            result = (None, "input nested too deeply to check")
         except Exception as exc:
             result = (None, f"verification failed: {type(exc).__name__}: {str(exc)[:200]}")
         conn.send(result)

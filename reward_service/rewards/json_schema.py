@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 from jsonschema.exceptions import SchemaError
 
 from reward_service.rewards.base import missing_metadata
 from reward_service.types import ComponentResult, ParamInfo, RewardDescription, Sample
+
+if TYPE_CHECKING:  # the pool's worker imports this module: a runtime import would be circular
+    from reward_service.mathverify.pool import MathVerifyPool
 
 _FENCED_JSON = re.compile(r"```(?:json)?\s*\n(.*?)```", re.DOTALL)
 # The seed's partial-credit check compares primitive JSON types only.
@@ -74,10 +78,38 @@ def load_schema(raw: Any) -> dict[str, Any]:
     return schema
 
 
+def check_completion(raw_schema: Any, completion: str, partial: bool) -> ComponentResult:
+    """One sample's result: the schema (dict or JSON text) checked, the completion's JSON validated.
+
+    CPU-unbounded on hostile input (the schema's ``pattern``s are user regexes run by ``re``), so the
+    reward runs it in a checker worker process under a hard deadline (``mathverify.pool``). ``format`` is
+    an annotation only (no format checker), as jsonschema's default.
+    """
+    try:
+        schema = load_schema(raw_schema)
+    except (ValueError, SchemaError) as exc:
+        return ComponentResult(error=f"metadata 'schema' is not a valid JSON schema: {str(exc)[:200]}")
+    try:
+        instance = extract_json(completion)
+    except ValueError as exc:
+        return ComponentResult(value=0.0, error=f"completion is not valid JSON: {str(exc)[:200]}")
+    except RecursionError:
+        return ComponentResult(value=0.0, error="completion is not valid JSON: nested too deeply")
+    if partial:
+        return ComponentResult(value=partial_credit(instance, schema))
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
+    if error is None:
+        return ComponentResult(value=1.0)
+    where = "/".join(str(p) for p in error.absolute_path)[:200] or "(root)"
+    return ComponentResult(value=0.0, error=f"schema violation at {where}: {error.message[:200]}")
+
+
 class JsonSchemaReward:
     """1.0 when the completion's JSON validates against metadata ``schema`` (draft chosen by ``$schema``),
     else 0.0 with the first validation error as the reason. ``partial_credit``: the seed's fraction of
-    required fields with the right primitive type instead."""
+    required fields with the right primitive type instead. Each sample is checked in the checker pool
+    (see ``check_completion``); one past the pool's deadline gets an error naming it."""
 
     description = RewardDescription(
         name="json_schema",
@@ -89,26 +121,16 @@ class JsonSchemaReward:
         max_value=1.0,
     )
 
-    async def score(self, samples: Sequence[Sample], params: dict[str, Any]) -> list[ComponentResult]:
-        return [self._one(s, params["partial_credit"]) for s in samples]
+    def __init__(self, pool: MathVerifyPool):
+        self._pool = pool
 
-    @staticmethod
-    def _one(sample: Sample, partial: bool) -> ComponentResult:
+    async def score(self, samples: Sequence[Sample], params: dict[str, Any]) -> list[ComponentResult]:
+        return list(await asyncio.gather(*(self._one(s, params["partial_credit"]) for s in samples)))
+
+    async def _one(self, sample: Sample, partial: bool) -> ComponentResult:
         if "schema" not in sample.metadata:
             return missing_metadata("schema")
-        try:
-            schema = load_schema(sample.metadata["schema"])
-        except (ValueError, SchemaError) as exc:
-            return ComponentResult(error=f"metadata 'schema' is not a valid JSON schema: {str(exc)[:200]}")
-        try:
-            instance = extract_json(sample.completion)
-        except ValueError as exc:
-            return ComponentResult(value=0.0, error=f"completion is not valid JSON: {exc}")
-        if partial:
-            return ComponentResult(value=partial_credit(instance, schema))
-        validator = jsonschema.validators.validator_for(schema)(schema)
-        error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
-        if error is None:
-            return ComponentResult(value=1.0)
-        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-        return ComponentResult(value=0.0, error=f"schema violation at {where}: {error.message[:200]}")
+        value, error = await self._pool.check_json_schema(
+            sample.metadata["schema"], sample.completion, partial
+        )
+        return ComponentResult(value=value, error=error)

@@ -9,14 +9,23 @@ from reward_service.rewards.code import CodeReward
 from reward_service.rewards.json_schema import JsonSchemaReward
 from reward_service.rewards.text import text_rewards
 from reward_service.sandbox.runner import SandboxRunner
+from reward_service.settings import RewardSettings
 
 
 def builtin_rewards(
-    pool: MathVerifyPool, sandbox: SandboxRunner | None, sandbox_available: bool, sandbox_status: str
+    pool: MathVerifyPool,
+    sandbox: SandboxRunner | None,
+    sandbox_available: bool,
+    sandbox_status: str,
+    settings: RewardSettings | None = None,
 ) -> dict[str, Reward]:
     """Name → reward for every built-in, in DESIGN.md's order; ``code`` is described as unavailable when
-    the sandbox is refused."""
-    text = {r.description.name: r for r in text_rewards()}
+    the sandbox is refused. ``settings`` supplies the text rewards' deadlines (defaults when None)."""
+    settings = settings or RewardSettings()
+    text = {
+        r.description.name: r
+        for r in text_rewards(deadline_s=settings.text_deadline_s, budget_s=settings.text_budget_s)
+    }
     rewards: list[Reward] = [
         Accuracy(pool),
         text["format"],
@@ -27,6 +36,6 @@ def builtin_rewards(
         text["repetition_penalty"],
         SoftOverlong(),
         CodeReward(sandbox, sandbox_available, sandbox_status),
-        JsonSchemaReward(),
+        JsonSchemaReward(pool),
     ]
     return {r.description.name: r for r in rewards}

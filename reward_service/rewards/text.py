@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
-from reward_service.rewards.base import TextReward
+import regex
+
+from reward_service.rewards.base import Deadline, TextReward, score_in_thread
 from reward_service.types import ComponentResult, ParamInfo, RewardDescription, Sample
 
 # open-r1 `format_reward`: think block then answer block, nothing else.
-R1_FORMAT = re.compile(r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$", re.DOTALL | re.MULTILINE)
+# These run on the `regex` engine (same syntax and results as `re` for them) because it takes a timeout and
+# releases the GIL while matching: R1_FORMAT is quadratic on text repeating "\n</think>\n<answer>\n".
+R1_FORMAT = regex.compile(
+    r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$", regex.DOTALL | regex.MULTILINE
+)
 # TRL `think_format_reward`: one think block at the start, anything after it.
-THINK_FORMAT = re.compile(r"^<think>(?!.*<think>)(.*?)</think>.*$", re.DOTALL | re.MULTILINE)
+THINK_FORMAT = regex.compile(r"^<think>(?!.*<think>)(.*?)</think>.*$", regex.DOTALL | regex.MULTILINE)
 # open-r1 `reasoning_steps_reward`; no MULTILINE there, so `^\d+\.` only matches at the very start.
-STEP_PATTERN = re.compile(r"(Step \d+:|^\d+\.|\n-|\n\*|First,|Second,|Next,|Finally,)")
+STEP_PATTERN = regex.compile(r"(Step \d+:|^\d+\.|\n-|\n\*|First,|Second,|Next,|Finally,)")
 
 
-def format_value(text: str, params: dict[str, Any]) -> float:
+def _timeout(deadline: Deadline | None) -> float | None:
+    return deadline.remaining() if deadline is not None else None
+
+
+def format_value(text: str, params: dict[str, Any], deadline: Deadline | None = None) -> float:
     """1.0 when the whole completion matches the format, else 0.0.
 
     ``style="r1"`` (default, open-r1 ``format_reward``):
@@ -26,21 +35,22 @@ def format_value(text: str, params: dict[str, Any]) -> float:
     Both with DOTALL|MULTILINE and ``re.match``, as the references.
     """
     pattern = R1_FORMAT if params["style"] == "r1" else THINK_FORMAT
-    return 1.0 if pattern.match(text) else 0.0
+    return 1.0 if pattern.match(text, timeout=_timeout(deadline), concurrent=True) else 0.0
 
 
-def tag_count_value(text: str, params: dict[str, Any]) -> float:
+def tag_count_value(text: str, params: dict[str, Any], deadline: Deadline | None = None) -> float:
     """open-r1 ``tag_count_reward``: +0.25 for each of ``<think>\\n``, ``\\n</think>\\n``, ``\\n<answer>\\n``,
     ``\\n</answer>`` that occurs exactly once. Range [0, 1]."""
     tags = ("<think>\n", "\n</think>\n", "\n<answer>\n", "\n</answer>")
     return sum(0.25 for tag in tags if text.count(tag) == 1)
 
 
-def reasoning_steps_value(text: str, params: dict[str, Any]) -> float:
+def reasoning_steps_value(text: str, params: dict[str, Any], deadline: Deadline | None = None) -> float:
     """open-r1 ``reasoning_steps_reward``: min(1, hits / min_steps) with hits = matches of
     ``(Step \\d+:|^\\d+\\.|\\n-|\\n\\*|First,|Second,|Next,|Finally,)`` (open-r1's "magic number" min_steps =
     3)."""
-    return min(1.0, len(STEP_PATTERN.findall(text)) / params["min_steps"])
+    hits = STEP_PATTERN.findall(text, timeout=_timeout(deadline), concurrent=True)
+    return min(1.0, len(hits) / params["min_steps"])
 
 
 def repetition_value(units: Sequence[Any], ngram_size: int, max_penalty: float) -> float:
@@ -79,23 +89,30 @@ class RepetitionPenalty:
         max_value=0.0,
     )
 
+    def __init__(self, *, deadline_s: float, budget_s: float):
+        self._deadline_s = deadline_s
+        self._budget_s = budget_s
+
     async def score(self, samples: Sequence[Sample], params: dict[str, Any]) -> list[ComponentResult]:
-        results = []
-        for s in samples:
-            if params["unit"] == "tokens":
-                if not s.completion_ids and s.completion:
-                    results.append(ComponentResult(error="completion_ids are required for unit='tokens'"))
-                    continue
-                units: Sequence[Any] = s.completion_ids
-            else:
-                units = s.completion.lower().split()
-            results.append(
-                ComponentResult(value=repetition_value(units, params["ngram_size"], params["max_penalty"]))
-            )
-        return results
+        return await score_in_thread(
+            samples, lambda s, _: self._one(s, params), self._deadline_s, self._budget_s
+        )
+
+    @staticmethod
+    def _one(s: Sample, params: dict[str, Any]) -> ComponentResult:
+        if params["unit"] == "tokens":
+            if not s.completion_ids and s.completion:
+                return ComponentResult(error="completion_ids are required for unit='tokens'")
+            units: Sequence[Any] = s.completion_ids
+        else:
+            units = s.completion.lower().split()
+        return ComponentResult(value=repetition_value(units, params["ngram_size"], params["max_penalty"]))
 
 
-def text_rewards() -> list[Any]:
+def text_rewards(*, deadline_s: float = 2.0, budget_s: float = 60.0) -> list[Any]:
+    """format, tag_count, reasoning_steps, repetition_penalty; each sample within ``deadline_s`` seconds and
+    each request within ``budget_s`` (see ``TextReward``)."""
+    limits = {"deadline_s": deadline_s, "budget_s": budget_s}
     return [
         TextReward(
             RewardDescription(
@@ -112,6 +129,7 @@ def text_rewards() -> list[Any]:
                 max_value=1.0,
             ),
             format_value,
+            **limits,
         ),
         TextReward(
             RewardDescription(
@@ -122,6 +140,7 @@ def text_rewards() -> list[Any]:
                 max_value=1.0,
             ),
             tag_count_value,
+            **limits,
         ),
         TextReward(
             RewardDescription(
@@ -133,6 +152,7 @@ def text_rewards() -> list[Any]:
                 max_value=1.0,
             ),
             reasoning_steps_value,
+            **limits,
         ),
-        RepetitionPenalty(),
+        RepetitionPenalty(**limits),
     ]

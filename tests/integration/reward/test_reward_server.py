@@ -119,7 +119,6 @@ def test_reward_is_unset_when_no_component_has_a_value(stub):
     ("samples", "rewards", "details"),
     [
         ([], ["format"], "samples:"),
-        ([{}] * 9, ["format"], "samples:"),
         ([{}], [], "rewards:"),
         ([{}], ["format", "tag_count", "nope"], "rewards[2].name:"),
         ([{}], ["format", "format"], "rewards[1].name:"),

@@ -162,7 +162,9 @@ async def test_hanging_verification_is_killed_replaced_and_reported(pool):
     replaced = pool.replaced
     start = time.monotonic()
     value, error = await pool.check("1", r"\boxed{9^{9^{9^{9}}}}", deadline_s=1.0)
-    assert value is None and error == "verification timed out after 1s"
+    assert value is None and error.startswith(
+        "exceeded the per-sample deadline of 1s (mathverify.deadline_s)"
+    )
     assert time.monotonic() - start < 5
     # The killed worker is replaced: the pool keeps its size and keeps answering.
     for _ in range(100):
@@ -179,7 +181,7 @@ async def test_batch_runs_in_parallel_over_workers(pool):
     quick = [pool.check("2", r"\boxed{2}") for _ in range(20)]
     start = time.monotonic()
     results = await asyncio.gather(hang, *quick)
-    assert results[0][0] is None and "timed out" in results[0][1]
+    assert results[0][0] is None and "deadline" in results[0][1]
     assert all(r == (1.0, "") for r in results[1:])
     assert time.monotonic() - start < 6
 

@@ -9,7 +9,7 @@ import pytest
 import pytest_asyncio
 
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from reward_service.core.scorer import Scorer, combine
+from reward_service.core.scorer import ScoreLimits, Scorer, combine
 from reward_service.mathverify.pool import MathVerifyPool
 from reward_service.mathverify.settings import MathVerifySettings
 from reward_service.models.registry import ModelRegistry
@@ -17,7 +17,7 @@ from reward_service.models.settings import ModelSettings
 from reward_service.rewards.registry import builtin_rewards
 from reward_service.sandbox.runner import SandboxRunner
 from reward_service.sandbox.settings import SandboxSettings
-from reward_service.types import ComponentResult, RewardRequest, Sample
+from reward_service.types import ComponentResult, Message, RewardRequest, Sample
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -33,10 +33,13 @@ async def pool():
 
 
 def make_scorer(pool, *, max_concurrent=8, max_samples=16, code_available=True) -> Scorer:
-    runner = SandboxRunner(SandboxSettings(wall_timeout_s=5, concurrency=8), namespaces=True)
+    runner = SandboxRunner(SandboxSettings(wall_timeout_s=5, concurrency=8))
     builtins = builtin_rewards(pool, runner, code_available, "" if code_available else "refused: test")
     return Scorer(
-        builtins, ModelRegistry(ModelSettings()), max_samples=max_samples, max_concurrent=max_concurrent
+        builtins,
+        ModelRegistry(ModelSettings()),
+        max_concurrent=max_concurrent,
+        limits=ScoreLimits(max_samples=max_samples),
     )
 
 
@@ -77,7 +80,6 @@ async def test_score_mixed_rewards_with_a_bad_sample(pool):
     ("samples", "rewards", "field"),
     [
         (0, [RewardRequest("format")], "samples"),
-        (17, [RewardRequest("format")], "samples"),
         (1, [], "rewards"),
         (1, [RewardRequest("format"), RewardRequest("nope")], "rewards[1].name"),
         (
@@ -96,6 +98,44 @@ async def test_invalid_requests_name_the_field(pool, samples, rewards, field):
     with pytest.raises(InvalidArgument) as err:
         await scorer.score([Sample(id="", completion="x")] * samples, rewards)
     assert err.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("samples", "rewards", "limit"),
+    [
+        (17, 1, "max_samples=16"),
+        (1, 33, "max_rewards=32"),
+    ],
+)
+async def test_counts_past_a_limit_are_resource_exhausted_naming_it(pool, samples, rewards, limit):
+    scorer = make_scorer(pool)
+    names = [RewardRequest("format")] + [RewardRequest(f"r{i}") for i in range(rewards - 1)]
+    with pytest.raises(ResourceExhausted) as err:
+        await scorer.score([Sample(id="", completion="x")] * samples, names)
+    assert limit in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("sample", "field"),
+    [
+        (Sample(id="", completion="x" * 101), "samples[1].completion"),
+        (Sample(id="", completion="", completion_ids=tuple(range(11))), "samples[1].completion_ids"),
+        (
+            Sample(id="", completion="", prompt=(Message("user", "y" * 60), Message("user", "y" * 60))),
+            "samples[1].prompt",
+        ),
+    ],
+)
+async def test_over_size_fields_are_invalid_argument_naming_the_field(pool, sample, field):
+    scorer = Scorer(
+        builtin_rewards(pool, None, False, "off"),
+        None,
+        max_concurrent=1,
+        limits=ScoreLimits(max_completion_chars=100, max_completion_ids=10, max_prompt_chars=100),
+    )
+    with pytest.raises(InvalidArgument) as err:
+        await scorer.score([Sample(id="", completion="ok"), sample], [RewardRequest("format")])
+    assert err.value.field == field and "at most max_" in err.value.message
 
 
 async def test_unavailable_code_is_refused(pool):

@@ -65,7 +65,7 @@ def test_tag_count_and_reasoning_steps_formulas():
 async def test_repetition_penalty_tokens_match_trl():
     ids = [[1, 2, 3, 4], [5, 5, 5, 5, 5], [1, 2], [1, 2, 1, 2, 1, 2, 3], []]
     samples = [Sample(id=str(i), completion="x" * len(c), completion_ids=tuple(c)) for i, c in enumerate(ids)]
-    reward = RepetitionPenalty()
+    reward = RepetitionPenalty(deadline_s=2, budget_s=60)
     for n, penalty in ((2, -1.0), (3, -0.5)):
         params = resolve_params(
             reward.description.params, {"unit": "tokens", "ngram_size": n, "max_penalty": penalty}, "p"
@@ -76,7 +76,7 @@ async def test_repetition_penalty_tokens_match_trl():
 
 
 async def test_repetition_penalty_words_open_r1():
-    reward = RepetitionPenalty()
+    reward = RepetitionPenalty(deadline_s=2, budget_s=60)
     params = resolve_params(reward.description.params, {}, "p")
     text = "the cat sat the cat sat the cat sat"
     words = text.lower().split()
