@@ -4,6 +4,9 @@
 #                             rebuilt only when pyproject.toml changes, so image layers stay cached
 #   docker/requirements/*.txt the requirement list of each image's extra (from pyproject.toml)
 #   docker/dist/              the project's own wheel, rebuilt every time (a cheap last layer)
+#   docker/debs/              Debian packages the reward image installs with dpkg (bubblewrap, the code
+#                             sandbox, and its libcap2), fetched by this bookworm host's apt for the
+#                             bookworm base images; fetched again only when one is missing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +20,16 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
     rm -f docker/wheelhouse/grpo_services-*.whl
     echo "$digest" > "$stamp"
 fi
+debs=(bubblewrap libcap2)
+for package in "${debs[@]}"; do
+    if ! compgen -G "docker/debs/${package}_*.deb" >/dev/null; then
+        rm -rf docker/debs
+        mkdir -p docker/debs
+        # A package list older than the mirror names versions it no longer has: refresh once on failure.
+        (cd docker/debs && { apt-get download -qq "${debs[@]}" || { apt-get update -qq && apt-get download -qq "${debs[@]}"; }; })
+        break
+    fi
+done
 "$PY" docker/requirements.py --out docker/requirements
 rm -rf docker/dist
 "$PY" -m pip wheel -q --no-deps --wheel-dir docker/dist .

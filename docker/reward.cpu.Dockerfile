@@ -1,4 +1,5 @@
-# Reward service, CPU flavour. Build context: the repository root, after docker/build_wheelhouse.sh.
+# Reward service, CPU flavour. Build context: the repository root, after docker/build_wheelhouse.sh
+# (wheelhouse, requirements, project wheel and the bubblewrap .debs in docker/debs).
 #   docker build -f docker/reward.cpu.Dockerfile --build-arg EXTRA=reward -t grpo-services/reward:cpu .
 # EXTRA=reward-slim builds the slim flavour without torch (rule rewards and the code sandbox, no PRM/ORM).
 ARG BASE_IMAGE=python:3.11-slim-bookworm
@@ -20,7 +21,11 @@ LABEL org.opencontainers.image.title="grpo-services reward" \
       org.opencontainers.image.description="GRPO reward service: built-in rewards, code sandbox, PRM/ORM" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0"
-RUN useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin grpo
+# bubblewrap (bwrap) builds the code sandbox; offline from docker/debs like the wheels. Programs run with the
+# base image's python3 (what /opt/venv/bin/python links to), seen read-only inside the sandbox.
+COPY docker/debs /debs
+RUN dpkg -i /debs/*.deb && rm -rf /debs \
+ && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin grpo
 COPY --from=build /opt/venv /opt/venv
 # HOME=/tmp: the root filesystem is read-only at run time; /tmp is the writable scratch volume.
 ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \

@@ -21,6 +21,8 @@ RUN python3.11 -m venv /opt/venv \
 
 FROM runtime
 ARG VERSION=0.1.0
+# bubblewrap (bwrap) builds the code sandbox; programs run with /usr/local/bin/python3.11, read-only inside it.
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*
 LABEL org.opencontainers.image.title="grpo-services reward (cuda)" \
       org.opencontainers.image.description="GRPO reward service: built-in rewards, code sandbox, PRM/ORM on CUDA" \
       org.opencontainers.image.version="${VERSION}" \
