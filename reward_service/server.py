@@ -13,7 +13,7 @@ from reward_service.api.reward import RewardServicer
 from reward_service.core.scorer import ScoreLimits, Scorer
 from reward_service.mathverify.pool import MathVerifyPool
 from reward_service.rewards.registry import builtin_rewards
-from reward_service.sandbox.runner import SandboxRunner, probe_namespaces
+from reward_service.sandbox.runner import SandboxRunner, open_runner
 from reward_service.settings import RewardSettings
 
 try:
@@ -32,22 +32,15 @@ log = logging.getLogger(__name__)
 
 async def open_sandbox(settings: RewardSettings) -> tuple[SandboxRunner | None, bool, str]:
     """(runner, available, status) for the `code` reward; logs what isolation is in force."""
-    sandbox = settings.sandbox
-    if not sandbox.enabled:
+    if not settings.sandbox.enabled:
         return None, False, "disabled by configuration (sandbox.enabled: false)"
-    ok, detail = await probe_namespaces(sandbox)
-    if ok:
-        log.info("code sandbox: %s", detail)
-        return SandboxRunner(sandbox, namespaces=True), True, detail
-    if sandbox.allow_weak_isolation:
-        status = f"WEAK isolation (rlimits, process group, empty env; no namespaces): {detail}"
-        log.warning("code sandbox: %s", status)
-        return SandboxRunner(sandbox, namespaces=False), True, status
-    status = (
-        f"refused: no namespace isolation here ({detail}); set sandbox.allow_weak_isolation to accept less"
-    )
-    log.error("code sandbox: %s", status)
-    return None, False, status
+    runner, status = await open_runner(settings.sandbox)
+    if runner is None:
+        status = f"refused: the sandbox cannot run here ({status})"
+        log.error("code sandbox: %s", status)
+        return None, False, status
+    log.info("code sandbox: %s", status)
+    return runner, True, status
 
 
 @dataclass

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from reward_service.rewards.base import missing_metadata
-from reward_service.sandbox.runner import SandboxRunner
+from reward_service.sandbox.runner import RunSession, SandboxRunner
 from reward_service.types import ComponentResult, ParamInfo, RewardDescription, Sample
 
 # open-r1 `extract_code` takes the last ```python block; ```py is accepted too.
@@ -48,7 +48,9 @@ def parse_tests(metadata: dict[str, Any]) -> list[tuple[str, str]] | str:
 class CodeReward:
     """value = fraction of tests passed (stripped stdout equal to the expected output), each test one sandbox
     run (open-r1 ``code_reward`` semantics, local sandbox instead of E2B). A program that fails gets value 0
-    for that test and the first failure's reason in ``error``."""
+    for that test and the first failure's reason in ``error`` (at most a bounded excerpt of its stderr).
+    A sample with more than ``max_tests_per_sample`` tests gets an error and no value; the runs of one
+    request share its CPU budget (``max_cpu_s_per_request``) and take turns with other requests' runs."""
 
     def __init__(self, runner: SandboxRunner | None, available: bool, status: str):
         self._runner = runner
@@ -72,19 +74,27 @@ class CodeReward:
         )
 
     async def score(self, samples: Sequence[Sample], params: dict[str, Any]) -> list[ComponentResult]:
-        return list(await asyncio.gather(*(self._one(s, params) for s in samples)))
-
-    async def _one(self, sample: Sample, params: dict[str, Any]) -> ComponentResult:
         assert self._runner is not None  # the scorer refuses `code` when the sandbox is unavailable
+        # One session per request: its runs take turns with other requests' and share its CPU budget.
+        session = self._runner.session()
+        return list(await asyncio.gather(*(self._one(s, params, session) for s in samples)))
+
+    async def _one(self, sample: Sample, params: dict[str, Any], session: RunSession) -> ComponentResult:
+        assert self._runner is not None
         if "tests" not in sample.metadata and "expected" not in sample.metadata:
             return missing_metadata("tests' or 'expected")
         tests = parse_tests(sample.metadata)
         if isinstance(tests, str):
             return ComponentResult(error=tests)
+        cap = self._runner.settings.max_tests_per_sample
+        if len(tests) > cap:
+            return ComponentResult(
+                error=f"metadata 'tests' has {len(tests)} tests, at most {cap} (sandbox.max_tests_per_sample)"
+            )
         program = extract_program(sample.completion, params["whole_text_fallback"])
         if program is None:
             return ComponentResult(value=0.0, error="no ```python code block in the completion")
-        runs = await asyncio.gather(*(self._runner.run(program, stdin) for stdin, _ in tests))
+        runs = await asyncio.gather(*(self._runner.run(program, stdin, session) for stdin, _ in tests))
         passed, reasons = 0, []
         for i, (run, (_, expected)) in enumerate(zip(runs, tests, strict=True)):
             if run.failure:

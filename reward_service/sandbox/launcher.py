@@ -1,96 +1,53 @@
-"""In-sandbox launcher: runs as PID 1 of a fresh PID namespace and starts the untrusted program.
+"""PID 1 of the sandbox's PID namespace (bwrap ``--as-pid-1``): starts the program and reaps everything.
 
-This file is executed with ``python -I -S -c <source> <config-json>`` inside
-``unshare --user --map-root-user --net --pid --fork --mount-proc``; it imports only the standard library and
-must not import the reward service (the sandbox user may not be able to read it).
+Run as ``python -I -S -c <this source> <config-json>`` inside the sandbox; only the standard library. bwrap's
+own init would do the reaping, but its monitor exits without waiting for it, so the CPU time of the run would
+be lost; as PID 1 this launcher waits for every process of the run (orphans are re-parented to it), kills
+what is left once the program exits, and so the sandbox's wait status and rusage cover the whole run.
 
-Steps, in order:
-1. (namespaced mode) mount size-limited tmpfs over ``/tmp``, ``/var/tmp`` and ``/dev/shm`` so the program
-   has a private scratch space, then enter a nested user + mount namespace so those mounts become *locked*:
-   the program, root only inside its namespace, cannot unmount them to reach the host's world-writable dirs.
-2. write the program to ``<scratch>/main.py`` and ``chdir`` there.
-3. fork; the child applies the rlimits (CPU, AS, FSIZE, NOFILE, NPROC, CORE=0) and ``execve``s the interpreter
-   with an empty environment; PID 1 reaps every process until the program exits, then exits itself, which
-   makes the kernel kill everything left in the PID namespace (daemons included).
-
+Steps: become non-dumpable (the program, same uid, cannot ptrace or read /proc of it); fork the program with
+the rlimits (config ``limits``: name → [soft, hard]) and ``execve`` it with an empty environment; take the
+same limits itself; reap until the program exits; SIGKILL every other process of the namespace; reap them.
 Exit status: the program's exit code, or ``128 + signal`` when a signal killed it.
 """
 
+import contextlib
 import ctypes
 import json
 import os
 import resource
+import signal
 import sys
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWUSER = 0x10000000
-MS_NOSUID = 0x2
-MS_NODEV = 0x4
+PR_SET_DUMPABLE = 4
 
 
-def _libc():
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _mount_tmpfs(libc, target, size_mb):
-    data = f"size={size_mb}m,mode=1777".encode()
-    if libc.mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, data) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount tmpfs on {target}: {os.strerror(err)}")
-
-
-def _lock_mounts(libc):
-    """Nested user+mount namespace: mounts made by the parent namespace can no longer be unmounted."""
-    uid, gid = os.getuid(), os.getgid()
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"unshare: {os.strerror(err)}")
-    with open("/proc/self/setgroups", "w") as f:
-        f.write("deny")
-    with open("/proc/self/uid_map", "w") as f:
-        f.write(f"0 {uid} 1")
-    with open("/proc/self/gid_map", "w") as f:
-        f.write(f"0 {gid} 1")
-
-
-def _set_limits(limits):
-    for name, value in limits.items():
-        resource.setrlimit(getattr(resource, name), (value, value))
+def set_limits(limits):
+    for name, (soft, hard) in limits.items():
+        resource.setrlimit(getattr(resource, name), (soft, hard))
 
 
 def main():
     config = json.loads(sys.argv[1])
-    if config["namespaces"]:
-        libc = _libc()
-        for target in ("/tmp", "/var/tmp", "/dev/shm"):
-            if os.path.isdir(target):
-                _mount_tmpfs(libc, target, config["tmp_size_mb"])
-        _lock_mounts(libc)
-        workdir = "/tmp/work"
-        os.mkdir(workdir)
-    else:
-        workdir = config["workdir"]
-    path = os.path.join(workdir, "main.py")
-    with open(path, "w") as f:
-        f.write(config["program"])
-    os.chdir(workdir)
-
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     pid = os.fork()
     if pid == 0:
         try:
-            _set_limits(config["limits"])
-            python = config["python"]
-            os.execve(python, [python, "-I", "-S", "-B", "main.py"], {})
+            set_limits(config["limits"])
+            os.execve(config["argv"][0], config["argv"], {})
         finally:
             os._exit(127)
-
-    # PID 1: reap everything (orphans are re-parented here) until the program itself exits.
+    set_limits(config["limits"])
+    while True:
+        done, status = os.waitpid(-1, 0)
+        if done == pid:
+            break
+    with contextlib.suppress(ProcessLookupError):  # raised when nothing is left
+        os.kill(-1, signal.SIGKILL)  # everything but PID 1 in this namespace
     while True:
         try:
-            done, status = os.waitpid(-1, 0)
+            os.waitpid(-1, 0)
         except ChildProcessError:
-            os._exit(1)
-        if done == pid:
             break
     if os.WIFSIGNALED(status):
         os._exit(128 + os.WTERMSIG(status))

@@ -1,64 +1,67 @@
-"""Runs one untrusted Python program in a throw-away sandbox and reports what it did.
+"""Runs one untrusted Python program in a throw-away sandbox (see ``backends``) and reports what it did.
 
-Isolation per run (when the kernel allows unprivileged user namespaces):
+Around the backend's isolation the runner adds:
 
-* ``unshare --user --map-root-user --net --pid --fork --mount-proc --kill-child``: a fresh user, network
-  (only a downed loopback: no network at all), PID (the program cannot see or signal the service) and mount
-  namespace;
-* when the service runs as root the run starts as an unprivileged uid (``run_as_uid``, default 65534) so root
-  inside the namespace is nobody outside it and owns none of the host's files;
-* private size-limited tmpfs over ``/tmp``, ``/var/tmp`` and ``/dev/shm``, locked against unmounting, and the
-  scratch working dir inside it (see ``launcher.py``);
-* rlimits: CPU seconds, address space, file size, open files, processes (``RLIMIT_NPROC`` is counted per user
-  namespace, so concurrent runs do not share it), no core files;
-* its own session/process group; a wall-clock timeout ``SIGKILL``s the whole group, and since the launcher is
-  PID 1 of the namespace, its exit kills every process the program started (daemons included);
-* an empty environment (``env={}`` for ``unshare`` and for the program): the service's secrets never reach it;
-* stdout and stderr are read up to ``max_output_bytes``; a program that writes more is killed.
-
-Without namespaces (``namespaces=False``, only when the settings accept weaker isolation) the same launcher
-runs with rlimits, empty environment, own process group and a scratch dir under the service's temp dir, but
-without network, PID or mount isolation.
+* when the service runs as root, the sandbox starts as an unprivileged host uid (``run_as_uid``, default
+  65534): the kernel does not apply ``RLIMIT_NPROC`` to uid 0, and root inside the sandbox must own nothing
+  outside it;
+* the limits of ``limits.RunLimits`` and a wall-clock timeout; at the timeout, an output overflow or a
+  cancelled request the whole process group is ``SIGKILL``ed; the sandbox's init dies with it and the kernel
+  kills everything left in its PID namespace (daemons included);
+* stdin from an in-memory file, stdout and stderr read up to ``max_output_bytes`` (more kills the run); of
+  stderr only a sanitized excerpt of ``error_excerpt_bytes`` ever leaves the runner (``RunResult.failure``);
+* fair sharing: run slots are handed out round-robin between sessions (one per Score request), and each
+  session has a CPU-seconds budget (``max_cpu_s_per_request``) that its runs' measured CPU time draws from.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
-import shutil
 import signal
-import tempfile
+import subprocess
 import time
+import unicodedata
 from dataclasses import dataclass
-from pathlib import Path
 
+from reward_service.sandbox.backends import SandboxBackend, SandboxUnavailable, make_backend
+from reward_service.sandbox.fair import FairSlots, Lane
+from reward_service.sandbox.limits import RunLimits, describe
 from reward_service.sandbox.settings import SandboxSettings
 
 log = logging.getLogger(__name__)
 
-LAUNCHER_SOURCE = (Path(__file__).parent / "launcher.py").read_text()
-MiB = 1024 * 1024
-UNSHARE_FLAGS = ("--user", "--map-root-user", "--net", "--pid", "--fork", "--mount-proc", "--kill-child")
-# How long to wait for the killed process to be reaped before reading its status directly (seconds).
+# How long to wait for the killed sandbox to be reaped and its pipes to close (seconds).
 REAP_TIMEOUT_S = 5.0
 
 
 @dataclass
 class RunResult:
-    """Outcome of one run. ``failure`` is empty when the program ran to completion with exit code 0."""
+    """Outcome of one run. ``failure`` is empty when the program ran to completion with exit code 0; it holds
+    at most a bounded, sanitized excerpt of what the program printed. ``stdout`` is for comparison only."""
 
     stdout: str
-    stderr: str
     exit_code: int | None
     duration_s: float
+    cpu_s: float = 0.0
     failure: str = ""
 
     @property
     def ok(self) -> bool:
         return not self.failure
+
+
+def excerpt(data: bytes, limit: int) -> str:
+    """The last non-blank line of ``data`` as valid, printable UTF-8 of at most ``limit`` bytes."""
+    text = data.decode("utf-8", errors="replace")
+    line = next((x for x in reversed(text.splitlines()) if x.strip()), "")
+    clean = "".join(c if unicodedata.category(c)[0] != "C" else "?" for c in line.strip())
+    encoded = clean.encode()
+    if len(encoded) <= limit:
+        return clean
+    return encoded[: limit - 3].decode("utf-8", errors="ignore") + "..."
 
 
 def _signal_name(number: int) -> str:
@@ -68,168 +71,198 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _describe_exit(code: int, stderr: str) -> str:
-    """A one-line reason for a non-zero exit: the signal, or the last line of the traceback."""
-    if code > 128 and code - 128 < 65:
+def _describe_exit(status: int, stderr_tail: bytes, limit: int) -> str:
+    """A one-line reason for a non-zero exit: the signal, or the last line of what the program printed."""
+    if os.WIFSIGNALED(status):
+        return f"killed by {_signal_name(os.WTERMSIG(status))}"
+    code = os.WEXITSTATUS(status)
+    if code > 128 and code - 128 < 65:  # bwrap reports a program killed by a signal as 128 + signal
         return f"killed by {_signal_name(code - 128)}"
-    if code < 0:
-        return f"killed by {_signal_name(-code)}"
-    last = next((line for line in reversed(stderr.strip().splitlines()) if line.strip()), "")
-    return f"exit code {code}" + (f": {last.strip()[:200]}" if last else "")
+    last = excerpt(stderr_tail, limit)
+    return f"exit code {code}" + (f": {last}" if last else "")
 
 
 class _CappedReader:
-    """Reads a stream to EOF keeping at most ``cap`` bytes; ``overflow`` is set once more arrived.
+    """Reads a stream to EOF keeping the first ``cap`` bytes (``head``) and the last ``tail_cap`` bytes
+    (``tail``); ``overflow`` is set once more than ``cap`` arrived.
 
-    Past the cap it keeps reading and discards: a reader that stopped would leave the pipe full, its
-    transport paused before EOF, and (Python < 3.12) ``Process.wait()`` waiting for that pipe forever."""
+    Past the cap it keeps reading and discards: a reader that stopped would leave the pipe full and the
+    writer blocked instead of killed."""
 
-    def __init__(self, stream: asyncio.StreamReader, cap: int):
+    def __init__(self, stream: asyncio.StreamReader, cap: int, tail_cap: int):
         self._stream = stream
         self._cap = cap
-        self.data = bytearray()
+        self._tail_cap = tail_cap
+        self.head = bytearray()
+        self.tail = bytearray()
         self.overflow = asyncio.Event()
 
     async def run(self) -> None:
+        total = 0
         while chunk := await self._stream.read(65536):
-            room = self._cap - len(self.data)
+            total += len(chunk)
+            room = self._cap - len(self.head)
             if room > 0:
-                self.data += chunk[:room]
-            if len(chunk) > room:
+                self.head += chunk[:room]
+            self.tail = (self.tail + chunk)[-self._tail_cap :]
+            if total > self._cap:
                 self.overflow.set()
 
 
+class RunSession:
+    """The runs of one request: their turn in the shared slots and their CPU-seconds budget."""
+
+    def __init__(self, lane: Lane, cpu_budget_s: float):
+        self.lane = lane
+        self.cpu_left_s = cpu_budget_s
+
+
 class SandboxRunner:
-    """Runs programs with the isolation above; ``namespaces`` says which mode is in force."""
+    """Runs programs with ``backend``; ``mount_proc`` says whether programs get a /proc."""
 
-    def __init__(self, settings: SandboxSettings, *, namespaces: bool):
+    def __init__(self, settings: SandboxSettings, backend: SandboxBackend | None = None):
         self.settings = settings
-        self.namespaces = namespaces
-        self._slots = asyncio.Semaphore(settings.concurrency)
-        self._uid = settings.effective_uid()
-        self._python = settings.resolved_python()
+        self.backend = backend or make_backend(settings, mount_proc=settings.mount_proc != "false")
+        self._slots = FairSlots(settings.concurrency)
 
-    def _limits(self) -> dict[str, int]:
+    @property
+    def mount_proc(self) -> bool:
+        return getattr(self.backend, "mount_proc", False)
+
+    def session(self) -> RunSession:
+        return RunSession(self._slots.lane(), self.settings.max_cpu_s_per_request)
+
+    async def run(self, program: str, stdin: str = "", session: RunSession | None = None) -> RunResult:
+        """Runs ``program`` with ``stdin`` in ``session`` (a fresh one when None); never raises for anything
+        the program does."""
         s = self.settings
-        return {
-            "RLIMIT_CPU": int(s.cpu_time_s),
-            "RLIMIT_AS": s.memory_mb * MiB,
-            "RLIMIT_FSIZE": s.max_file_mb * MiB,
-            "RLIMIT_NOFILE": s.max_open_files,
-            "RLIMIT_NPROC": s.max_processes,
-            "RLIMIT_CORE": 0,
-        }
+        if len(program.encode()) > s.max_program_bytes:
+            return RunResult("", None, 0.0, failure=f"program larger than {s.max_program_bytes} bytes")
+        session = session or self.session()
+        async with session.lane.slot():
+            cpu_s = min(s.cpu_time_s, session.cpu_left_s)
+            if cpu_s < 1:
+                return RunResult(
+                    "",
+                    None,
+                    0.0,
+                    failure=f"request CPU budget spent (sandbox.max_cpu_s_per_request="
+                    f"{s.max_cpu_s_per_request:g})",
+                )
+            session.cpu_left_s -= cpu_s  # reserved now, so concurrent runs of the session cannot overdraw
+            result = await self._run(program, stdin, RunLimits.from_settings(s, cpu_s))
+            session.cpu_left_s += cpu_s - result.cpu_s
+            return result
 
-    def _command(self, program: str, workdir: str) -> list[str]:
-        config = {
-            "program": program,
-            "python": self._python,
-            "limits": self._limits(),
-            "namespaces": self.namespaces,
-            "tmp_size_mb": self.settings.tmp_size_mb,
-            "workdir": workdir,
-        }
-        command = [self._python, "-I", "-S", "-c", LAUNCHER_SOURCE, json.dumps(config)]
-        if self.namespaces:
-            command = [self.settings.unshare_path, *UNSHARE_FLAGS, "--", *command]
-        if self._uid is not None:
-            # setpriv, not Popen(user=...): a uid change makes Python fork() instead of vfork(), and fork() of
-            # this multi-threaded gRPC process runs gRPC's atfork handlers, which crashed children (SIGSEGV).
-            ids = [f"--reuid={self._uid}", f"--regid={self._uid}", "--clear-groups", "--no-new-privs"]
-            command = [self.settings.setpriv_path, *ids, "--", *command]
-        return command
-
-    async def run(self, program: str, stdin: str = "") -> RunResult:
-        """Runs ``program`` with ``stdin``; never raises for anything the program does."""
-        if len(program.encode()) > self.settings.max_program_bytes:
-            return RunResult(
-                "", "", None, 0.0, f"program larger than {self.settings.max_program_bytes} bytes"
-            )
-        async with self._slots:
-            return await self._run(program, stdin)
-
-    async def _run(self, program: str, stdin: str) -> RunResult:
-        workdir = tempfile.mkdtemp(prefix="grpo-sandbox-")
+    async def _run(self, program: str, stdin: str, limits: RunLimits) -> RunResult:
+        launch = self.backend.prepare(program.encode(), limits)
+        stdin_fd = os.memfd_create("sandbox-stdin", 0)
         try:
-            if self._uid is not None:
-                os.chown(workdir, self._uid, self._uid)
+            os.write(stdin_fd, stdin.encode())
+            os.lseek(stdin_fd, 0, os.SEEK_SET)
             start = time.monotonic()
-            proc = await asyncio.create_subprocess_exec(
-                *self._command(program, workdir),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+            proc = subprocess.Popen(
+                launch.argv,
+                stdin=stdin_fd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 env={},
-                cwd=workdir,
+                cwd="/",
                 start_new_session=True,
+                pass_fds=launch.pass_fds,
             )
-            return await self._supervise(proc, stdin, start)
+            os.close(stdin_fd)
+            stdin_fd = -1
+            return await self._supervise(proc, start, limits)
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            if stdin_fd >= 0:
+                os.close(stdin_fd)
+            await asyncio.to_thread(launch.cleanup)
 
-    async def _supervise(self, proc: asyncio.subprocess.Process, stdin: str, start: float) -> RunResult:
+    async def _supervise(self, proc: subprocess.Popen, start: float, limits: RunLimits) -> RunResult:
         s = self.settings
-        assert proc.stdin and proc.stdout and proc.stderr
-        out = _CappedReader(proc.stdout, s.max_output_bytes)
-        err = _CappedReader(proc.stderr, s.max_output_bytes)
-        readers = [asyncio.ensure_future(out.run()), asyncio.ensure_future(err.run())]
-        feeder = asyncio.ensure_future(self._feed(proc.stdin, stdin))
-        waiter = asyncio.ensure_future(proc.wait())
-        overflow = [asyncio.ensure_future(out.overflow.wait()), asyncio.ensure_future(err.overflow.wait())]
+        loop = asyncio.get_running_loop()
+        assert proc.stdout and proc.stderr
+        readers, transports = [], []
+        for pipe in (proc.stdout, proc.stderr):
+            stream = asyncio.StreamReader()
+            transport, _ = await loop.connect_read_pipe(
+                lambda stream=stream: asyncio.StreamReaderProtocol(stream), pipe
+            )
+            transports.append(transport)
+            readers.append(_CappedReader(stream, s.max_output_bytes, s.error_excerpt_bytes * 4))
+        out, err = readers
+        reading = [asyncio.ensure_future(r.run()) for r in readers]
+        # The exit is awaited through a pidfd so that wait4 gives the run's CPU time (the sandbox's init
+        # reaps every process of the run, so its children's times add up to the sandbox's).
+        pidfd = os.pidfd_open(proc.pid)
+        exited = loop.create_future()
+        loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+        overflow = [asyncio.ensure_future(r.overflow.wait()) for r in readers]
         failure = ""
         try:
             done, _ = await asyncio.wait(
-                [waiter, *overflow], timeout=s.wall_timeout_s, return_when=asyncio.FIRST_COMPLETED
+                [exited, *overflow], timeout=s.wall_timeout_s, return_when=asyncio.FIRST_COMPLETED
             )
             if not done:
                 failure = f"timed out after {s.wall_timeout_s:g}s"
-            elif waiter not in done:
+            elif exited not in done:
                 failure = f"output exceeded {s.max_output_bytes} bytes"
         finally:
-            # Whatever happened, nothing the run started may survive it.
+            # Whatever happened (the request may be cancelled too), nothing the run started may survive it.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            try:
-                code = await asyncio.wait_for(proc.wait(), timeout=REAP_TIMEOUT_S)
-            except TimeoutError:
-                # Python < 3.12 returns from wait() only once the pipes are closed as well, which a process
-                # that escaped the group can delay; the killed process's own status is known by then.
-                code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
             for task in overflow:
                 task.cancel()
-            feeder.cancel()
-            # The pipes close once every process holding them is dead; bound the drain anyway.
-            await asyncio.wait(readers, timeout=2.0)
-            for task in readers:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(exited), REAP_TIMEOUT_S)
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            pid, status, usage = os.wait4(proc.pid, 0 if exited.done() else os.WNOHANG)
+            if pid == 0:  # not reaped in time (it cannot run on: it is SIGKILLed); Popen reaps it later
+                status, usage = signal.SIGKILL, None
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            await asyncio.wait(reading, timeout=REAP_TIMEOUT_S)
+            for task in reading:
                 task.cancel()
-        stdout = out.data.decode(errors="replace")
-        stderr = err.data.decode(errors="replace")
-        if not failure and code != 0:
-            failure = _describe_exit(code, stderr)
-        return RunResult(stdout, stderr, code, time.monotonic() - start, failure)
-
-    @staticmethod
-    async def _feed(writer: asyncio.StreamWriter, data: str) -> None:
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            writer.write(data.encode())
-            await writer.drain()
-            writer.close()
+            for transport in transports:
+                transport.close()
+        cpu_s = usage.ru_utime + usage.ru_stime if usage else 0.0
+        if failure:  # killed: the CPU time of its processes is lost with them; charge the whole allowance
+            cpu_s = max(cpu_s, limits.cpu_s)
+        if not failure and proc.returncode != 0:
+            failure = _describe_exit(status, bytes(err.tail), s.error_excerpt_bytes)
+        stdout = out.head.decode(errors="replace")
+        return RunResult(stdout, proc.returncode, time.monotonic() - start, cpu_s, failure)
 
 
-async def probe_namespaces(settings: SandboxSettings) -> tuple[bool, str]:
-    """Checks that a namespaced run works here; returns (available, explanation)."""
-    if shutil.which(settings.unshare_path) is None:
-        return False, f"'{settings.unshare_path}' not found"
-    if settings.run_as_uid is not None and os.geteuid() != 0:
-        return False, "sandbox.run_as_uid needs the service to run as root"
-    if settings.effective_uid() is not None and shutil.which(settings.setpriv_path) is None:
-        return False, f"'{settings.setpriv_path}' not found (needed to drop root privileges)"
-    runner = SandboxRunner(settings, namespaces=True)
-    check = "import os\nprint(os.getpid())\n"
+PROBE_PROGRAM = "import os\nprint(os.getpid())\n"
+
+
+async def _probe(settings: SandboxSettings, mount_proc: bool) -> tuple[SandboxRunner | None, str]:
+    """A runner when a trivial program runs as PID 2 of its sandbox; else None and why not."""
     try:
-        result = await runner.run(check)
-    except OSError as exc:
-        return False, f"cannot start the sandbox: {exc}"
-    if result.ok and result.stdout.strip() == "2":
-        return True, "namespaces: user, pid, net, mount; private tmpfs; rlimits; empty environment"
-    return False, f"namespaced probe failed: {result.failure or result.stdout.strip()} {result.stderr[-300:]}"
+        runner = SandboxRunner(settings, make_backend(settings, mount_proc=mount_proc))
+        result = await runner.run(PROBE_PROGRAM)
+    except (SandboxUnavailable, OSError) as exc:
+        return None, str(exc)
+    if result.ok and result.stdout.strip() in ("1", "2"):
+        return runner, ""
+    return None, f"probe run failed: {result.failure or result.stdout.strip()[:200]}"
+
+
+async def open_runner(settings: SandboxSettings) -> tuple[SandboxRunner | None, str]:
+    """Probes the configured backend once at start-up (with ``mount_proc: auto``: with a fresh /proc, else
+    without). Returns (runner, status) — runner None and the reason when programs cannot run here."""
+    modes = {"auto": (True, False), "true": (True,), "false": (False,)}[settings.mount_proc]
+    reasons = []
+    for mount_proc in modes:
+        runner, reason = await _probe(settings, mount_proc)
+        if runner is not None:
+            proc = "a /proc of its own" if mount_proc else "no /proc (a fresh one was refused here)"
+            if reasons:
+                log.warning("code sandbox: %s; running without /proc", reasons[0])
+            status = f"{settings.backend}: namespaces, minimal read-only root, {proc}; {describe(settings)}"
+            return runner, status
+        reasons.append(reason)
+    return None, "; ".join(reasons)

@@ -4,36 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
-import sys
-from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 NOBODY_UID = 65534
-
-
-def _world_executable(path: Path) -> bool:
-    """True when an unprivileged user can reach and run ``path`` (every parent dir searchable by others)."""
-    try:
-        real = path.resolve()
-        if not real.stat().st_mode & stat.S_IXOTH:
-            return False
-        return all(parent.stat().st_mode & stat.S_IXOTH for parent in real.parents)
-    except OSError:
-        return False
-
-
-def default_python() -> str:
-    """An interpreter the sandbox user can run: this one when reachable, else the system python3."""
-    candidates = [Path(sys.executable), Path(sys.base_prefix) / "bin" / "python3"]
-    candidates += [
-        Path(p) for p in (shutil.which("python3"), "/usr/bin/python3", "/usr/local/bin/python3") if p
-    ]
-    for candidate in candidates:
-        if _world_executable(candidate):
-            return str(candidate.resolve())
-    return sys.executable
+# Where the sandbox interpreter is looked up: the system's directories, never the service's PATH (which in
+# the images starts with the service's virtualenv).
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 class SandboxSettings(BaseModel):
@@ -42,36 +20,70 @@ class SandboxSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(True, description="Offer the `code` reward at all.")
-    allow_weak_isolation: bool = Field(
-        False,
-        description="Run `code` without namespaces (rlimits, process group and empty env only) when the "
-        "kernel refuses unprivileged user namespaces. Off: `code` is refused there.",
+    backend: Literal["bwrap", "runsc"] = Field(
+        "bwrap", description="bwrap (bubblewrap namespaces) or runsc (gVisor: its own kernel, stronger)."
     )
-    python: str = Field("", description="Interpreter for programs; empty = one the sandbox user can run.")
-    unshare_path: str = Field("unshare", description="util-linux unshare binary.")
+    bwrap_path: str = Field("bwrap", description="bubblewrap binary.")
+    runsc_path: str = Field("runsc", description="gVisor binary (backend: runsc).")
     setpriv_path: str = Field("setpriv", description="util-linux setpriv binary (drops root to run_as_uid).")
+    python: str = Field(
+        "python3",
+        description="Interpreter of programs: a path, or a name looked up in /usr/local/bin:/usr/bin:/bin. "
+        "Its install dir is bound read-only (all of /usr when it lives there).",
+    )
+    mount_proc: Literal["auto", "true", "false"] = Field(
+        "auto",
+        description="A fresh /proc of the program's PID namespace. auto: when the kernel allows it (a Docker "
+        "container without systempaths=unconfined refuses it; then programs run without /proc).",
+    )
     run_as_uid: int | None = Field(
-        None, description="Uid (and gid) of runs; default: 65534 (nobody) when the service runs as root."
+        None,
+        ge=1,
+        description="Host uid (and gid) of runs; default: 65534 (nobody) when the service runs as root "
+        "(root is exempt from the process limit), else the service's own.",
     )
     wall_timeout_s: float = Field(5.0, gt=0, description="Wall-clock limit of one run.")
-    cpu_time_s: float = Field(5.0, ge=1, description="RLIMIT_CPU of one run.")
-    memory_mb: int = Field(512, ge=64, description="RLIMIT_AS of one run.")
+    cpu_time_s: float = Field(5.0, ge=1, description="RLIMIT_CPU of each process of a run.")
+    memory_mb: int = Field(
+        2048,
+        ge=64,
+        description="Memory of one run, all its processes together: RLIMIT_AS of each process is "
+        "memory_mb / max_processes (no cgroup v2 here; see docs/security.md).",
+    )
+    max_processes: int = Field(
+        8, ge=2, description="Processes + threads of one run (RLIMIT_NPROC), the sandbox's init included."
+    )
     max_file_mb: int = Field(16, ge=1, description="RLIMIT_FSIZE: largest file a run may write.")
-    tmp_size_mb: int = Field(64, ge=1, description="Size of the private tmpfs (/tmp and the scratch dir).")
-    max_open_files: int = Field(64, ge=16, description="RLIMIT_NOFILE of one run.")
-    max_processes: int = Field(32, ge=2, description="RLIMIT_NPROC (processes + threads) of one run.")
-    max_output_bytes: int = Field(65536, ge=1024, description="stdout/stderr cap; more kills the run.")
+    tmp_size_mb: int = Field(64, ge=1, description="Size of the private tmpfs (/tmp, /dev/shm, cwd).")
+    max_open_files: int = Field(64, ge=16, description="RLIMIT_NOFILE of each process.")
+    max_output_bytes: int = Field(65536, ge=1024, description="stdout/stderr kept; more kills the run.")
+    error_excerpt_bytes: int = Field(
+        240, ge=16, le=4096, description="Most of a program's stderr that reaches the caller (in `error`)."
+    )
     max_program_bytes: int = Field(65536, ge=1024, description="Largest program accepted.")
+    max_tests_per_sample: int = Field(64, ge=1, description="Tests of one sample run; more: sample error.")
+    max_cpu_s_per_request: float = Field(
+        300.0,
+        gt=0,
+        description="CPU seconds the runs of one Score request may use together; later runs get an error.",
+    )
     concurrency: int = Field(
         default_factory=lambda: max(1, len(os.sched_getaffinity(0))),
         ge=1,
-        description="Runs at the same time.",
+        description="Runs at the same time (shared round-robin between requests).",
     )
 
     def effective_uid(self) -> int | None:
+        """The uid to switch to before starting the sandbox, None to keep the service's."""
         if self.run_as_uid is not None:
             return self.run_as_uid
         return NOBODY_UID if os.geteuid() == 0 else None
 
-    def resolved_python(self) -> str:
-        return self.python or default_python()
+    def resolved_python(self) -> str | None:
+        """Absolute path of the interpreter (symlinks resolved), None when not found."""
+        found = shutil.which(self.python, path=SYSTEM_PATH) if "/" not in self.python else self.python
+        return os.path.realpath(found) if found and os.path.isfile(found) else None
+
+    def process_memory_bytes(self) -> int:
+        """RLIMIT_AS of each process: the run's memory split over its processes, so their sum is bounded."""
+        return self.memory_mb * 1024 * 1024 // self.max_processes

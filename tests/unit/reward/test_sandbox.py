@@ -1,22 +1,19 @@
-"""The code sandbox: test scoring, and hostile programs that must each score 0 with a reason."""
+"""The code sandbox: scoring, caps, fair sharing, excerpts (hostile programs: test_sandbox_hostile.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import time
-from pathlib import Path
 
 import pytest
 
 from reward_service.rewards.code import CodeReward, extract_program, same_output
 from reward_service.rewards.params import resolve_params
-from reward_service.sandbox.runner import SandboxRunner, probe_namespaces
+from reward_service.sandbox.fair import FairSlots
+from reward_service.sandbox.runner import SandboxRunner, excerpt, open_runner
 from reward_service.sandbox.settings import SandboxSettings
 from reward_service.types import Sample
 
-SECRET = "grpo-test-secret-7f3a9c"
 SETTINGS = SandboxSettings(wall_timeout_s=2.0, cpu_time_s=2, memory_mb=256, concurrency=4)
 
 
@@ -24,56 +21,15 @@ def _fenced(program: str) -> str:
     return f"Here is my solution:\n```python\n{program}\n```\n"
 
 
-def hostile_programs(marker: str, host_file: Path, port: int) -> dict[str, str]:
-    """Name → program. Each is expected to print 42, but none may get there."""
-    return {
-        "infinite_loop": "while True:\n    pass",
-        "sleep": "import time\ntime.sleep(60)\nprint(42)",
-        "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
-        "memory_bomb": "blocks = []\nwhile True:\n    blocks.append(bytearray(64 * 2**20))",
-        "output_flood": "while True:\n    print('x' * 4096)",
-        "network_connect": f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
-        "s.sendall(b'leak')\nprint(42)",
-        "network_external": "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)\nprint(42)",
-        "env_secret": "import os\nprint(os.environ.get('GRPO_TEST_SECRET') or open('/proc/1/environ').read() "
-        "or 'none')",
-        "proc_environ_scan": "import os\nfor p in os.listdir('/proc'):\n    try:\n"
-        "        print(open(f'/proc/{p}/environ').read())\n    except Exception:\n        pass",
-        "write_outside": f"open({str(host_file)!r}, 'w').write('pwned')\nprint(42)",
-        "write_host_tmp": f"open('/tmp/{marker}-tmp', 'w').write('pwned')\n"
-        f"print(open('/tmp/{marker}-tmp').read())\n"
-        "raise SystemExit(3)",
-        "kill_parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
-        "os.kill(1, signal.SIGKILL)\n"
-        "print(42)\nraise SystemExit(1)",
-        "kill_all": "import os, signal\nos.kill(-1, signal.SIGKILL)\nraise SystemExit(1)",
-        "daemonized_child": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-        "        import sys\n"
-        "        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(30)', "
-        f"'{marker}'])\n    os._exit(0)\nprint('started')",
-        "deep_recursion": "import sys\nsys.setrecursionlimit(10**7)\n"
-        "def f(n):\n    return f(n + 1) + 1\nprint(f(0))",
-        "segfault": "import ctypes\nctypes.string_at(0)",
-        "huge_file": "with open('big', 'wb') as f:\n    while True:\n        f.write(b'\\0' * 2**20)",
-        "thread_storm": "import threading, time\nts = []\nwhile True:\n"
-        "    t = threading.Thread(target=time.sleep, args=(30,))\n    t.start()\n    ts.append(t)",
-        "ignore_sigterm": "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n"
-        "    time.sleep(0.1)",
-        "unmount_tmp": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-        "if libc.umount2(b'/tmp', 2) != 0:\n"
-        "    raise SystemExit('umount refused')\nprint(42)",
-    }
-
-
 @pytest.fixture(scope="module")
 def namespaces_available() -> bool:
-    ok, detail = asyncio.run(probe_namespaces(SETTINGS))
-    assert ok, f"these tests need unprivileged user namespaces: {detail}"
-    return ok
+    runner, status = asyncio.run(open_runner(SETTINGS))
+    assert runner is not None, f"these tests need bubblewrap and user namespaces: {status}"
+    return True
 
 
 def _runner() -> SandboxRunner:
-    return SandboxRunner(SETTINGS, namespaces=True)
+    return SandboxRunner(SETTINGS)
 
 
 def test_extract_program_and_compare():
@@ -113,90 +69,6 @@ async def test_tests_fraction_and_expected(namespaces_available):
     )[0].value == 1.0
 
 
-def _running_with(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    found.append(int(entry))
-            except OSError:
-                pass
-    return found
-
-
-@pytest.mark.slow
-async def test_hostile_programs_all_score_zero(namespaces_available, tmp_path, monkeypatch):
-    monkeypatch.setenv("GRPO_TEST_SECRET", SECRET)
-    marker = f"grpo-sbx-{os.getpid()}-{time.monotonic_ns()}"
-    host_file = tmp_path / "outside.txt"
-    tmp_path.chmod(0o777)  # even a world-writable host dir must stay out of reach
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(4)
-    listener.setblocking(False)
-    port = listener.getsockname()[1]
-    programs = hostile_programs(marker, host_file, port)
-    assert len(programs) >= 15
-
-    reward = CodeReward(_runner(), True, "")
-    params = resolve_params(reward.description.params, {}, "p")
-    samples = [
-        Sample(id=name, completion=_fenced(p), metadata={"expected": "42"}) for name, p in programs.items()
-    ]
-    start = time.monotonic()
-    results = await reward.score(samples, params)
-    elapsed = time.monotonic() - start
-
-    for name, result in zip(programs, results, strict=True):
-        assert result.value == 0.0, f"{name}: {result}"
-        assert result.error, f"{name} has no reason"
-        assert SECRET not in result.error
-    # Bounded: 20 programs, 4 at a time, 2 s wall limit each (+ start-up).
-    assert elapsed < 30, elapsed
-    reasons = {name: r.error for name, r in zip(programs, results, strict=True)}
-    assert "timed out" in reasons["infinite_loop"] and "timed out" in reasons["ignore_sigterm"]
-    assert "output exceeded" in reasons["output_flood"]
-    assert "SIGSEGV" in reasons["segfault"]
-    assert "umount refused" in reasons["unmount_tmp"]
-    assert not host_file.exists()
-    assert not Path(f"/tmp/{marker}-tmp").exists()
-    with pytest.raises(BlockingIOError):
-        listener.accept()
-    listener.close()
-    await asyncio.sleep(0.2)
-    assert _running_with(marker) == []
-    for name, reason in reasons.items():
-        print(f"{name}: {reason}")
-
-
-async def test_env_secret_never_reaches_the_program(namespaces_available, monkeypatch):
-    monkeypatch.setenv("GRPO_TEST_SECRET", SECRET)
-    runner = _runner()
-    result = await runner.run(
-        "import os\nprint(dict(os.environ))\nfor p in os.listdir('/proc'):\n    try:\n"
-        "        print(open(f'/proc/{p}/environ').read())\n    except Exception:\n        pass"
-    )
-    assert result.ok, result
-    assert SECRET not in result.stdout and SECRET not in result.stderr
-
-
-async def test_daemonized_child_is_gone_after_the_run(namespaces_available):
-    marker = f"grpo-daemon-{os.getpid()}-{time.monotonic_ns()}"
-    program = (
-        "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-        "        import sys\n"
-        "        os.execv(sys.executable, "
-        f"[sys.executable, '-c', 'import time; time.sleep(30)', '{marker}'])\n"
-        "    os._exit(0)\n"
-        "import time\ntime.sleep(0.3)\nprint('parent done')"
-    )
-    result = await _runner().run(program)
-    assert result.ok and "parent done" in result.stdout
-    await asyncio.sleep(0.2)
-    assert _running_with(marker) == []
-
-
 async def test_program_runs_as_pid_2_without_network(namespaces_available):
     result = await _runner().run(
         "import os, socket\nprint(os.getpid())\nprint(sorted(socket.if_nameindex()))\nprint(os.getcwd())"
@@ -205,7 +77,7 @@ async def test_program_runs_as_pid_2_without_network(namespaces_available):
     lines = result.stdout.splitlines()
     assert lines[0] == "2"
     assert lines[1] == "[(1, 'lo')]"
-    assert lines[2] == "/tmp/work"
+    assert lines[2] == "/tmp"
 
 
 async def test_a_flood_on_both_streams_ends_with_the_run(namespaces_available):
@@ -216,5 +88,126 @@ async def test_a_flood_on_both_streams_ends_with_the_run(namespaces_available):
     start = time.monotonic()
     result = await asyncio.wait_for(_runner().run(program), timeout=30)
     assert "output exceeded" in result.failure
-    assert len(result.stdout) <= SETTINGS.max_output_bytes and len(result.stderr) <= SETTINGS.max_output_bytes
+    assert len(result.stdout) <= SETTINGS.max_output_bytes
     assert time.monotonic() - start < SETTINGS.wall_timeout_s + 5
+
+
+def _code_params(reward: CodeReward) -> dict:
+    return resolve_params(reward.description.params, {}, "p")
+
+
+async def test_more_tests_than_the_cap_is_a_sample_error_naming_the_limit(namespaces_available):
+    reward = CodeReward(SandboxRunner(SETTINGS.model_copy(update={"max_tests_per_sample": 3})), True, "")
+    tests = [{"input": "", "output": "1"}] * 4
+    ok, over = await reward.score(
+        [
+            Sample(id="ok", completion=_fenced("print(1)"), metadata={"tests": tests[:3]}),
+            Sample(id="over", completion=_fenced("print(1)"), metadata={"tests": tests}),
+        ],
+        _code_params(reward),
+    )
+    assert ok.value == 1.0
+    assert over.value is None and "sandbox.max_tests_per_sample" in over.error and "4 tests" in over.error
+
+
+async def test_a_request_stops_running_once_its_cpu_budget_is_spent(namespaces_available):
+    settings = SETTINGS.model_copy(
+        update={"cpu_time_s": 1, "max_cpu_s_per_request": 2, "concurrency": 1, "wall_timeout_s": 10}
+    )
+    reward = CodeReward(SandboxRunner(settings), True, "")
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5:\n    pass\nprint(1)"
+    tests = [{"input": "", "output": "1"}] * 6
+    (result,) = await reward.score(
+        [Sample(id="b", completion=_fenced(burn), metadata={"tests": tests})], _code_params(reward)
+    )
+    # Each run reserves 1 s (RLIMIT_CPU granularity) and is charged the ~0.55 s it used: 2 or 3 runs fit.
+    assert 1 / 6 <= result.value <= 4 / 6, result
+    assert "sandbox.max_cpu_s_per_request=2" in result.error
+    # A new request has its own budget.
+    (again,) = await reward.score(
+        [Sample(id="c", completion=_fenced("print(1)"), metadata={"expected": "1"})], _code_params(reward)
+    )
+    assert again.value == 1.0
+
+
+async def test_a_big_request_does_not_delay_a_small_one_beyond_one_run(namespaces_available):
+    """Two slots; a request with 12 one-second tests takes 6 s or more; a one-test request that arrives
+    just after it gets the next free slot (round-robin), not the slot after all 12."""
+    settings = SETTINGS.model_copy(update={"concurrency": 2, "wall_timeout_s": 10})
+    reward = CodeReward(SandboxRunner(settings), True, "")
+    params = _code_params(reward)
+    slow = _fenced("import time\ntime.sleep(1)\nprint(1)")
+    big = Sample(id="big", completion=slow, metadata={"tests": [{"input": "", "output": "1"}] * 12})
+    small = Sample(id="small", completion=_fenced("print(2)"), metadata={"expected": "2"})
+    start = time.monotonic()
+    big_task = asyncio.ensure_future(reward.score([big], params))
+    await asyncio.sleep(0.3)
+    (small_result,) = await reward.score([small], params)
+    small_done = time.monotonic() - start
+    (big_result,) = await big_task
+    big_done = time.monotonic() - start
+    assert small_result.value == 1.0 and big_result.value == 1.0
+    assert big_done >= 6
+    assert small_done < big_done / 2, (small_done, big_done)
+
+
+async def test_fair_slots_alternate_between_lanes():
+    slots = FairSlots(1)
+    order: list[str] = []
+
+    async def run(lane, name):
+        async with lane.slot():
+            order.append(name)
+            await asyncio.sleep(0)
+
+    big, small = slots.lane(), slots.lane()
+    tasks = [asyncio.ensure_future(run(big, f"b{i}")) for i in range(5)]
+    await asyncio.sleep(0)
+    tasks += [asyncio.ensure_future(run(small, f"s{i}")) for i in range(2)]
+    await asyncio.gather(*tasks)
+    # b1 was granted and b2 queued before the small lane arrived; from then on the lanes alternate
+    # (first come, first served would run s0 after b4).
+    assert order == ["b0", "b1", "b2", "s0", "b3", "s1", "b4"]
+
+
+async def test_a_cancelled_waiter_does_not_lose_its_slot():
+    slots = FairSlots(1)
+    lane = slots.lane()
+    holder = asyncio.Event()
+
+    async def hold():
+        async with lane.slot():
+            await holder.wait()
+
+    first = asyncio.ensure_future(hold())
+    await asyncio.sleep(0)
+    waiter = asyncio.ensure_future(lane.slot().__aenter__())
+    await asyncio.sleep(0)
+    waiter.cancel()
+    holder.set()
+    await first
+    async with asyncio.timeout(1), slots.lane().slot():
+        pass
+
+
+def test_excerpt_is_bounded_valid_utf8_of_the_last_line():
+    assert excerpt(b"Traceback...\n  File x\nValueError: bad\n\n", 100) == "ValueError: bad"
+    messy = b"E: \x1b[31mred\x07 \xff\xfe " + "é".encode() * 400
+    text = excerpt(messy, 64)
+    assert len(text.encode()) <= 64 and "\x1b" not in text and "\x07" not in text
+    text.encode("utf-8")  # valid
+    assert excerpt(b"", 10) == ""
+
+
+async def test_what_a_program_prints_reaches_the_caller_only_as_an_excerpt(namespaces_available):
+    secret = "not-for-the-caller-3c1f"
+    program = (
+        "import sys\n"
+        f"sys.stderr.write('{secret}\\n' * 1000)\n"
+        "sys.stderr.write('x' * 5000 + '\\n')\n"
+        "raise SystemExit(3)"
+    )
+    result = await _runner().run(program)
+    assert result.failure.startswith("exit code 3: xxx")
+    assert len(result.failure.encode()) <= SETTINGS.error_excerpt_bytes + len("exit code 3: ")
+    assert secret not in result.failure
