@@ -29,9 +29,10 @@ from rollout_service.core.types import (
     SamplingSpec,
 )
 
-MIN_TEMPERATURE = 1e-2
+# Bounds as the float32 the protobuf carries, so a caller's 0.01 (0.0099999998) is inside.
+MIN_TEMPERATURE = float(np.float32(1e-2))
 MAX_TEMPERATURE = 1e2
-MIN_REPETITION_PENALTY = 1e-2
+MIN_REPETITION_PENALTY = float(np.float32(1e-2))
 MAX_REPETITION_PENALTY = 1e2
 # Every decode step decodes the completion and searches it for each stop string.
 MAX_STOP_STRINGS = 16
@@ -44,7 +45,7 @@ def validate_sampling(s: SamplingSpec) -> SamplingSpec:
         s.temperature == 0 or MIN_TEMPERATURE <= s.temperature <= MAX_TEMPERATURE
     ):
         raise InvalidArgument(
-            f"must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got {s.temperature}",
+            f"must be 0 (greedy) or in [0.01, {MAX_TEMPERATURE:g}], got {s.temperature}",
             field="sampling.temperature",
         )
     if not math.isfinite(s.top_p) or not 0 < s.top_p <= 1:
@@ -60,7 +61,7 @@ def validate_sampling(s: SamplingSpec) -> SamplingSpec:
         and MIN_REPETITION_PENALTY <= s.repetition_penalty <= MAX_REPETITION_PENALTY
     ):
         raise InvalidArgument(
-            f"must be in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY}], got {s.repetition_penalty}",
+            f"must be in [0.01, {MAX_REPETITION_PENALTY:g}], got {s.repetition_penalty}",
             field="sampling.repetition_penalty",
         )
     if s.min_tokens > s.max_tokens:
