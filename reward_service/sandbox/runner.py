@@ -25,6 +25,7 @@ import subprocess
 import time
 import unicodedata
 from dataclasses import dataclass
+from pathlib import Path
 
 from reward_service.sandbox.backends import SandboxBackend, SandboxUnavailable, make_backend
 from reward_service.sandbox.fair import FairSlots, Lane
@@ -179,6 +180,21 @@ class SandboxRunner:
                 os.close(stdin_fd)
             await asyncio.to_thread(launch.cleanup)
 
+    @staticmethod
+    async def _kill(pid: int, exited: asyncio.Future[None]) -> None:
+        """Kills a run from the inside out: the sandbox's PID 1 first (its namespace dies with it and bwrap
+        reaps it), so that it is not orphaned to a host init that may never reap it; then the group."""
+        if not exited.done():
+            with contextlib.suppress(OSError, ValueError):
+                for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+                    os.kill(int(child), signal.SIGKILL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(exited), 1.0)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(exited), REAP_TIMEOUT_S)
+
     async def _supervise(self, proc: subprocess.Popen, start: float, limits: RunLimits) -> RunResult:
         s = self.settings
         loop = asyncio.get_running_loop()
@@ -210,12 +226,9 @@ class SandboxRunner:
                 failure = f"output exceeded {s.max_output_bytes} bytes"
         finally:
             # Whatever happened (the request may be cancelled too), nothing the run started may survive it.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            await self._kill(proc.pid, exited)
             for task in overflow:
                 task.cancel()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(exited), REAP_TIMEOUT_S)
             loop.remove_reader(pidfd)
             os.close(pidfd)
             pid, status, usage = os.wait4(proc.pid, 0 if exited.done() else os.WNOHANG)
