@@ -3,19 +3,19 @@
     python bench/e2e_bench.py [--model tests/assets/models/policy-large] [--steps 8]
                               [--out bench/results/e2e.json]
 
-One run, same model, data, LoRA and GRPOConfig (built by ``trainer_service.job.build_grpo_config`` from one
-run config) for all three:
+One run, same model, data, LoRA and GRPOConfig (built by
+``trainer_service.training.builders.build_grpo_config`` from one run config) for all three:
 
 - ``trl``: ``trl.GRPOTrainer`` in one process, generating with its own ``model.generate`` and scoring with the
   same numeric accuracy rule computed in-process (last number of the completion vs ``answer``);
-- ``sync``: ``trainer_service.job.run_job`` against a reward and an HF-engine rollout service started on
+- ``sync``: ``trainer_service.training.job.run_job`` against a reward and an HF-engine rollout service on
   127.0.0.1 (weights pushed after every step, generation waits for the push); ``importance_sampling: auto``
   resolves to "verify" here (exactly on-policy: the correction's extra forward runs on the first step only);
 - ``async``: the same with ``async_rollout: true, max_staleness: 1`` (next batch generated during the step,
   weights pushed in the background; the correction on every step), against its own rollout service started
   as ``make run``/``train`` start one for an async run on CPU: trainer and rollout service split the cores
   while a prefetch generates (``launcher.overlap_threads``) and the trainer takes them all once it is done
-  (``trainer_service.core_borrowing``).
+  (``trainer_service.rollout.core_borrowing``).
 
 TRL keeps torch's default threads (one per core). ``--importance-sampling on`` and ``--no-thread-split``
 measure the trio without each of the two savings.
@@ -48,11 +48,13 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from trainer_service.callbacks import read_metrics
-from trainer_service.config import RunConfig, parse_config
-from trainer_service.events import JobEvent
-from trainer_service.job import build_grpo_config, build_model, load_tokenizer, run_job
-from trainer_service.launcher import cpu_cores, overlap_threads, start_local_services
+from trainer_service.config.run_config import RunConfig, parse_config
+from trainer_service.core.types import JobEvent
+from trainer_service.local.launcher import start_local_services
+from trainer_service.rollout.cpu_placement import cpu_cores, overlap_threads
+from trainer_service.training.builders import Device, build_grpo_config, build_model, load_tokenizer
+from trainer_service.training.callbacks import read_metrics
+from trainer_service.training.job import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -110,8 +112,8 @@ def bench_trl(config: RunConfig, data: Path) -> dict:
     dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
     clock = StepClock()
     trainer = GRPOTrainer(
-        model=build_model(config, "cpu"),
-        args=build_grpo_config(config, "cpu"),
+        model=build_model(config, Device.named("cpu")),
+        args=build_grpo_config(config, Device.named("cpu")),
         reward_funcs=[numeric_accuracy],
         train_dataset=dataset,
         processing_class=load_tokenizer(config),
@@ -210,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.steps,
                 async_rollout=True,
                 max_staleness=1,
-                # Split: job.trainer_cpu_threads picks overlap_threads()[0] itself (loopback rollout).
+                # Split: trainer_cpu_threads picks overlap_threads()[0] itself (loopback rollout).
                 **({} if trainer_threads else {"cpu_threads": torch.get_num_threads()}),
                 **trio,
             )

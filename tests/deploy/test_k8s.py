@@ -386,13 +386,13 @@ def test_pytorchjob_launches_the_trainer_with_accelerate_across_nodes():
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_mounted_configs_are_accepted_by_the_services(overlay, tmp_path):
     """The ConfigMap's files pass the services' own validation: server block, rollout settings, run config."""
-    # Imported here, not at the top: trainer_service.config pulls in TRL and torch (~10 s of CPU), which only
+    # Imported here, not at the top: rollout_service.core.settings pulls in torch (~10 s of CPU), which only
     # this slow test needs.
     from grpo_runtime.config import ServerConfig, load_config_file
     from reward_service.settings import load_settings as load_reward_settings
     from rollout_service.core.settings import RolloutSettings
-    from trainer_service.config import parse_config
-    from trainer_service.replicas import parse_target
+    from trainer_service.config.rollout_targets import parse_target
+    from trainer_service.config.run_config import parse_config
 
     files = config_files(overlay)
     assert set(files) == {"reward.yaml", "rollout.yaml", "trainer.yaml", "train.yaml"}

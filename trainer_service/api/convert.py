@@ -1,12 +1,15 @@
-"""Protobuf ↔ domain conversions for the trainer service (no logic beyond field mapping)."""
+"""Protobuf ↔ domain conversions for the trainer service, both directions per message (no logic beyond field
+mapping).
+
+``X_message(domain)`` builds the protobuf message; ``X(message)`` reads it back into the domain type.
+"""
 
 from __future__ import annotations
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpo.trainer.v1 import trainer_pb2
 
-from trainer_service.events import JobEvent, RunState
-from trainer_service.runs import RunInfo
+from trainer_service.core.types import JobEvent, RunInfo, RunState
 
 _STATES = {
     RunState.PENDING: trainer_pb2.RUN_STATE_PENDING,
@@ -16,10 +19,15 @@ _STATES = {
     RunState.STOPPED: trainer_pb2.RUN_STATE_STOPPED,
     RunState.FAILED: trainer_pb2.RUN_STATE_FAILED,
 }
+_STATE_OF = {value: state for state, value in _STATES.items()}
 
 
-def run_state(state: RunState) -> int:
+def run_state_value(state: RunState) -> int:
     return _STATES[state]
+
+
+def run_state(value: int) -> RunState:
+    return _STATE_OF[value]
 
 
 def _timestamp(seconds: float) -> Timestamp:
@@ -28,31 +36,59 @@ def _timestamp(seconds: float) -> Timestamp:
     return stamp
 
 
+def _seconds(stamp: Timestamp) -> float:
+    return stamp.ToNanoseconds() / 1e9
+
+
 def _metrics(values: dict[str, float]) -> dict[str, float]:
     # NaN is a legal double on the wire: a NaN reward means "no completion was scorable", keep it.
     return {key: float(value) for key, value in values.items()}
 
 
-def run_event(run_id: str, event: JobEvent) -> trainer_pb2.RunEvent:
+def run_event_message(run_id: str, event: JobEvent) -> trainer_pb2.RunEvent:
     return trainer_pb2.RunEvent(
         run_id=run_id,
         step=event.step,
         total_steps=max(event.total_steps, 0),
         metrics=_metrics(event.metrics),
-        state=run_state(event.state),
+        state=run_state_value(event.state),
         message=event.message,
         time=_timestamp(event.time),
     )
 
 
-def run_info(info: RunInfo) -> trainer_pb2.RunInfo:
+def job_event(message: trainer_pb2.RunEvent) -> JobEvent:
+    return JobEvent(
+        step=message.step,
+        total_steps=message.total_steps,
+        state=run_state(message.state),
+        metrics=dict(message.metrics),
+        message=message.message,
+        time=_seconds(message.time),
+    )
+
+
+def run_info_message(info: RunInfo) -> trainer_pb2.RunInfo:
     return trainer_pb2.RunInfo(
         run_id=info.run_id,
-        state=run_state(info.state),
+        state=run_state_value(info.state),
         step=info.step,
         total_steps=max(info.total_steps, 0),
         output_dir=info.output_dir,
         metrics=_metrics(info.metrics),
         message=info.message,
         created_at=_timestamp(info.created_at),
+    )
+
+
+def run_info(message: trainer_pb2.RunInfo) -> RunInfo:
+    return RunInfo(
+        run_id=message.run_id,
+        state=run_state(message.state),
+        step=message.step,
+        total_steps=message.total_steps,
+        output_dir=message.output_dir,
+        metrics=dict(message.metrics),
+        message=message.message,
+        created_at=_seconds(message.created_at),
     )

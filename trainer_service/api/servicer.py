@@ -8,7 +8,7 @@ import grpc
 from grpo.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
 from trainer_service.api import convert
-from trainer_service.runs import RunManager
+from trainer_service.core.runs import RunManager
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
@@ -23,13 +23,15 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         self, request: trainer_pb2.WatchRunRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[trainer_pb2.RunEvent]:
         async for event in self._runs.watch(request.run_id):
-            yield convert.run_event(request.run_id, event)
+            yield convert.run_event_message(request.run_id, event)
 
     async def GetRun(self, request: trainer_pb2.GetRunRequest, context: grpc.aio.ServicerContext):
-        return trainer_pb2.GetRunResponse(run=convert.run_info(self._runs.get(request.run_id)))
+        return trainer_pb2.GetRunResponse(run=convert.run_info_message(self._runs.get(request.run_id)))
 
     async def StopRun(self, request: trainer_pb2.StopRunRequest, context: grpc.aio.ServicerContext):
-        return trainer_pb2.StopRunResponse(run=convert.run_info(self._runs.stop(request.run_id)))
+        return trainer_pb2.StopRunResponse(run=convert.run_info_message(self._runs.stop(request.run_id)))
 
     async def ListRuns(self, request: trainer_pb2.ListRunsRequest, context: grpc.aio.ServicerContext):
-        return trainer_pb2.ListRunsResponse(runs=[convert.run_info(info) for info in self._runs.list()])
+        return trainer_pb2.ListRunsResponse(
+            runs=[convert.run_info_message(info) for info in self._runs.list()]
+        )

@@ -25,12 +25,12 @@ import pytest
 import yaml
 
 from rollout_service.client import RolloutClient
-from tests.integration.trainer.conftest import CrashAndRestart, run_config
-from trainer_service.callbacks import read_metrics
-from trainer_service.config import parse_config
-from trainer_service.events import RunState
-from trainer_service.job import run_job
-from trainer_service.launcher import ServiceProcess, free_port, start_service
+from tests.integration.trainer.fixtures import CrashAndRestart, run_config
+from trainer_service.config.run_config import parse_config
+from trainer_service.core.types import RunState
+from trainer_service.local.launcher import ServiceProcess, free_port, start_service
+from trainer_service.training.callbacks import read_metrics
+from trainer_service.training.job import run_job
 
 pytestmark = pytest.mark.slow
 

@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from grpo_runtime.client import ChannelConfig
-from tests.integration.trainer.conftest import run_config
-from trainer_service.callbacks import read_metrics
-from trainer_service.config import parse_config
-from trainer_service.job import importance_sampling_plan, rollout_engine, run_job
-from trainer_service.launcher import free_port, start_local_services
-from trainer_service.variant_trainer import EXACT_RATIO_TOLERANCE
+from tests.integration.trainer.fixtures import run_config
+from trainer_service.config.run_config import parse_config
+from trainer_service.local.launcher import free_port, start_local_services
+from trainer_service.training.builders import Device
+from trainer_service.training.callbacks import read_metrics
+from trainer_service.training.importance_sampling import EXACT_RATIO_TOLERANCE
+from trainer_service.training.job import importance_sampling_plan, rollout_engine, run_job
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +30,7 @@ def test_auto_plan_asks_the_rollout_service_for_its_engine(tiny_models, services
     sync = parse_config(
         run_config(tiny_models, train_file, tmp_path, services.reward.target, services.rollout.target)
     )
-    assert importance_sampling_plan(sync, "cpu", channel).mode == "verify"
+    assert importance_sampling_plan(sync, Device.named("cpu"), channel).mode == "verify"
     asynchronous = parse_config(
         run_config(
             tiny_models,
@@ -40,11 +41,11 @@ def test_auto_plan_asks_the_rollout_service_for_its_engine(tiny_models, services
             async_rollout=True,
         )
     )
-    assert importance_sampling_plan(asynchronous, "cpu", channel).mode == "on"
+    assert importance_sampling_plan(asynchronous, Device.named("cpu"), channel).mode == "on"
     # A service that does not answer: the engine is unknown, so the correction stays on.
     nobody = ChannelConfig(target=f"127.0.0.1:{free_port()}", retry_max_attempts=1)
     assert rollout_engine(nobody) is None
-    assert importance_sampling_plan(sync, "cpu", nobody).mode == "on"
+    assert importance_sampling_plan(sync, Device.named("cpu"), nobody).mode == "on"
 
 
 def test_sync_auto_verifies_the_first_batch_then_skips_the_correction(

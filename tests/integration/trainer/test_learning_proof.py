@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from trainer_service.callbacks import read_metrics
-from trainer_service.config import parse_config
-from trainer_service.events import RunState
-from trainer_service.job import run_job
-from trainer_service.launcher import LocalServices, start_local_services
+from trainer_service.config.run_config import parse_config
+from trainer_service.core.types import RunState
+from trainer_service.local.launcher import LocalServices, start_local_services
+from trainer_service.training.callbacks import read_metrics
+from trainer_service.training.job import run_job
 
 pytestmark = pytest.mark.slow
 

@@ -23,15 +23,21 @@ from transformers import AutoTokenizer
 
 from grpo_runtime.client import ChannelConfig
 from rollout_service.client import RolloutClient
-from tests.integration.trainer.conftest import CrashAndRestart, run_config
-from trainer_service.callbacks import read_metrics
-from trainer_service.config import parse_config
-from trainer_service.events import RunState
-from trainer_service.job import run_job
-from trainer_service.launcher import ServiceProcess, free_port, spawn_service, start_service, wait_serving
-from trainer_service.replicas import RolloutReplicas
-from trainer_service.rollout import SamplingConfig, ServiceRollout
-from trainer_service.weight_sync import WeightSync
+from tests.integration.trainer.fixtures import CrashAndRestart, run_config
+from trainer_service.config.run_config import parse_config
+from trainer_service.core.types import RunState
+from trainer_service.local.launcher import (
+    ServiceProcess,
+    free_port,
+    spawn_service,
+    start_service,
+    wait_serving,
+)
+from trainer_service.rollout.replicas import RolloutReplicas
+from trainer_service.rollout.service_rollout import SamplingConfig, ServiceRollout
+from trainer_service.rollout.weight_sync import WeightSync
+from trainer_service.training.callbacks import read_metrics
+from trainer_service.training.job import run_job
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +116,7 @@ def test_groups_are_sharded_over_replicas_and_merged_in_prompt_order(tiny_models
         questions = [[{"role": "user", "content": f"What is {i} + {i}?"}] for i in range(4)]
         prompts = [question for question in questions for _ in range(3)]
         before = {name: fleet[name].served("Generate") for name in ("a", "b")}
-        completions = rollout._generate(prompts, step=0)
+        completions = rollout.generate(prompts, step=0)
     finally:
         replicas.close()
     tokenizer = AutoTokenizer.from_pretrained(tiny_models["policy"])

@@ -20,17 +20,17 @@ from grpo.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from transformers import AutoTokenizer
 
 from grpo_runtime.config import ServerConfig
-from grpo_runtime.server import GrpcServer, ServiceBinding
+from grpo_runtime.server import GrpcServer
 from rollout_service.client import RolloutClient
 from rollout_service.core.types import WeightFormat
-from tests.integration.trainer.conftest import CrashAndRestart, run_config
-from trainer_service.api.servicer import TrainerServicer
-from trainer_service.callbacks import read_metrics
-from trainer_service.config import parse_config
-from trainer_service.events import JobEvent, RunState
-from trainer_service.job import run_job
-from trainer_service.launcher import ServiceProcess, free_port, start_service
-from trainer_service.runs import RunManager
+from tests.integration.trainer.fixtures import CrashAndRestart, run_config
+from trainer_service.config.run_config import parse_config
+from trainer_service.core.types import JobEvent, RunState
+from trainer_service.local.launcher import ServiceProcess, free_port, start_service
+from trainer_service.server import build
+from trainer_service.settings import TrainerServiceSettings
+from trainer_service.training.callbacks import read_metrics
+from trainer_service.training.job import run_job
 
 pytestmark = pytest.mark.slow
 
@@ -100,16 +100,12 @@ def test_full_fine_tuning_pushes_the_whole_state_dict(tiny_models, services, tra
 
 @pytest.fixture
 async def trainer_stub():
-    runs = RunManager(poll_s=0.2)
-    binding = ServiceBinding(
-        servicer=TrainerServicer(runs),
-        add_to_server=trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
-        descriptor=trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"],
-    )
-    async with GrpcServer(ServerConfig(port=0), [binding]) as server:
+    """TrainerService as ``python -m trainer_service`` assembles it, on a loopback port of this process."""
+    bindings, cleanup = await build(TrainerServiceSettings(stop_grace_s=10))
+    async with GrpcServer(ServerConfig(port=0), bindings) as server:
         async with grpc.aio.insecure_channel(server.address) as channel:
             yield trainer_pb2_grpc.TrainerServiceStub(channel)
-        await runs.close(grace_s=10)
+        await cleanup()
 
 
 async def watch(stub, run_id: str, stop_after_step: int | None = None) -> list[trainer_pb2.RunEvent]:

@@ -12,18 +12,18 @@ import pytest
 import torch
 from torch.utils.data import SequentialSampler
 
-from trainer_service.async_rollout import (
+from trainer_service.config.run_config import ConfigError, parse_config
+from trainer_service.rollout.async_rollout import (
     AsyncServiceRollout,
     RecordingSampler,
     judge_staleness,
     prompt_key,
 )
-from trainer_service.config import ConfigError, parse_config
-from trainer_service.core_borrowing import CoreBorrowing
-from trainer_service.job import run_job
-from trainer_service.replicas import RolloutUnavailable
-from trainer_service.rollout import SamplingConfig, ServiceRollout
-from trainer_service.weight_sync import WeightSync
+from trainer_service.rollout.core_borrowing import CoreBorrowing
+from trainer_service.rollout.replicas import RolloutUnavailable
+from trainer_service.rollout.service_rollout import SamplingConfig, ServiceRollout
+from trainer_service.rollout.weight_sync import WeightSync
+from trainer_service.training.job import run_job
 
 
 @pytest.mark.parametrize(
@@ -121,7 +121,7 @@ def prefetching(rollout: AsyncServiceRollout, release: threading.Event, seen: li
         assert release.wait(timeout=10)
         return []
 
-    rollout.inner._generate = generate
+    rollout.inner.generate = generate
     rollout._prompt_of = ["a", "b", "c", "d"].__getitem__
     rollout.issued.extend([0, 0, 1, 1, 2, 2, 3, 3])
     rollout._start_prefetch([prompt_key(p) for p in ["a", "a", "b", "b"]], step=1)

@@ -15,8 +15,8 @@ import grpc
 import pytest
 import torch
 
-from trainer_service.replicas import ReplicaAddress, RolloutUnavailable
-from trainer_service.weight_sync import WeightPushError, WeightSync, WeightSyncCallback
+from trainer_service.rollout.replicas import ReplicaAddress, RolloutUnavailable
+from trainer_service.rollout.weight_sync import WeightPushError, WeightSync, WeightSyncCallback
 
 ADDRESS = "127.0.0.1:50052"
 
@@ -144,7 +144,7 @@ def test_an_unreachable_replica_is_retried_before_the_next_generation(setup, cap
     replica.gate.set()
     sync.wait_for_transfer()
     assert sync.push_pending and sync.current_version == 2
-    with caplog.at_level(logging.WARNING, logger="trainer_service.weight_sync"):
+    with caplog.at_level(logging.WARNING, logger="trainer_service.rollout.weight_sync"):
         sync.settle_transfer()
     assert "retried before the next generation" in caplog.text
     # The next generation pushes again, under a version above the one given to the lost transfer.
@@ -172,7 +172,7 @@ def test_background_pushes_are_single_process_only(setup):
 def test_no_replica_at_all_defers_the_push(setup, caplog):
     sync, _, trainer = setup
     sync.replicas.refresh = lambda: []
-    with caplog.at_level(logging.WARNING, logger="trainer_service.weight_sync"):
+    with caplog.at_level(logging.WARNING, logger="trainer_service.rollout.weight_sync"):
         sync.after_optimizer_step(trainer)
     assert "no rollout replica" in caplog.text
     assert sync.push_pending and not sync.transferring and sync.current_version == 1

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer_service.config import ConfigError, load_config, parse_config, parse_reward_fn
+from trainer_service.config.run_config import ConfigError, load_config, parse_config, parse_reward_fn
 
 MINIMAL = {"base": "models/policy", "data": {"train": "train.jsonl"}}
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainer_service.core_borrowing import CoreBorrowing, leaf_modules
+from trainer_service.rollout.core_borrowing import CoreBorrowing, leaf_modules
 
 
 class Probe(torch.autograd.Function):

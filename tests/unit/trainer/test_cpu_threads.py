@@ -7,9 +7,15 @@ import os
 
 import pytest
 
-from trainer_service.config import ConfigError, parse_config
-from trainer_service.job import shares_cores_with_rollout, trainer_cpu_threads
-from trainer_service.launcher import cpu_cores, is_loopback, overlap_threads, thread_env
+from trainer_service.config.run_config import ConfigError, parse_config
+from trainer_service.local.launcher import thread_env
+from trainer_service.rollout.cpu_placement import (
+    cpu_cores,
+    is_loopback,
+    overlap_threads,
+    shares_cores_with_rollout,
+    trainer_cpu_threads,
+)
 
 MINIMAL = {"base": "models/policy", "data": {"train": "train.jsonl"}, "training": {"device": "cpu"}}
 
@@ -51,20 +57,20 @@ def test_thread_env_sizes_openmp_and_mkl():
 
 def test_trainer_threads_split_only_in_async_with_a_local_rollout():
     local, remote = "127.0.0.1:50052", "10.1.2.3:50052"
-    assert trainer_cpu_threads(config(), local) is None
-    assert trainer_cpu_threads(config(async_rollout=True), local) == overlap_threads()[0]
-    assert trainer_cpu_threads(config(async_rollout=True), remote) is None
-    assert trainer_cpu_threads(config(cpu_threads=3), remote) == 3
-    assert trainer_cpu_threads(config(async_rollout=True, cpu_threads=2), local) == 2
+    assert trainer_cpu_threads(config(), "cpu", local) is None
+    assert trainer_cpu_threads(config(async_rollout=True), "cpu", local) == overlap_threads()[0]
+    assert trainer_cpu_threads(config(async_rollout=True), "cpu", remote) is None
+    assert trainer_cpu_threads(config(cpu_threads=3), "cpu", remote) == 3
+    assert trainer_cpu_threads(config(async_rollout=True, cpu_threads=2), "cpu", local) == 2
 
 
 def test_only_the_automatic_split_borrows_the_rollout_cores():
     local, remote = "127.0.0.1:50052", "10.1.2.3:50052"
-    assert shares_cores_with_rollout(config(async_rollout=True), local)
-    assert not shares_cores_with_rollout(config(async_rollout=True), remote)
-    assert not shares_cores_with_rollout(config(), local)
+    assert shares_cores_with_rollout(config(async_rollout=True), "cpu", local)
+    assert not shares_cores_with_rollout(config(async_rollout=True), "cpu", remote)
+    assert not shares_cores_with_rollout(config(), "cpu", local)
     # An explicit thread count is kept as given for the whole run.
-    assert not shares_cores_with_rollout(config(async_rollout=True, cpu_threads=1), local)
+    assert not shares_cores_with_rollout(config(async_rollout=True, cpu_threads=1), "cpu", local)
 
 
 def test_cpu_threads_must_be_positive():

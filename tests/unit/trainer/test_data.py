@@ -1,4 +1,4 @@
-"""Training data: file types, the seed's row layouts, metadata kept, errors naming split/row/column."""
+"""Training data: file types, soup-cli's row layouts, metadata kept, errors naming split/row/column."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ import datasets
 import pytest
 from transformers import AutoTokenizer
 
-from trainer_service.config import DataConfig, RewardTerm
-from trainer_service.data import (
+from trainer_service.config.run_config import DataConfig, RewardTerm
+from trainer_service.training.data import (
     DataError,
     check_prompt_lengths,
     detect_format,
-    load_split,
     prepare_rows,
     read_rows,
+    read_split,
+    to_dataset,
     to_grpo_row,
     validate_reward_metadata,
 )
@@ -176,16 +177,20 @@ def test_metadata_alternatives_and_rewards_without_needs():
     validate_reward_metadata([{}], [RewardTerm(name="format"), RewardTerm(name="length")], split="train")
 
 
-def test_load_split_converts_and_validates(tmp_path):
+def load_split(config: DataConfig, split: str):
+    return to_dataset(read_split(config, split=split), ACCURACY, split=split)
+
+
+def test_read_split_then_to_dataset_converts_and_validates(tmp_path):
     path = write_jsonl(tmp_path / "train.jsonl", ROWS)
-    dataset = load_split(DataConfig(train=str(path)), ACCURACY, split="train")
+    dataset = load_split(DataConfig(train=str(path)), split="train")
     assert dataset.num_rows == 2
     assert dataset["answer"] == ["2", "4"]
     assert dataset["level"] == [1, None]
-    assert load_split(DataConfig(train=str(path)), ACCURACY, split="eval") is None
+    assert load_split(DataConfig(train=str(path)), split="eval") is None
     bad = write_jsonl(tmp_path / "bad.jsonl", [*ROWS, {"prompt": "no answer"}])
     with pytest.raises(DataError, match="train row 2 is missing or empty 'answer'"):
-        load_split(DataConfig(train=str(bad)), ACCURACY, split="train")
+        load_split(DataConfig(train=str(bad)), split="train")
 
 
 def test_service_style_requirements_all_entries_required():

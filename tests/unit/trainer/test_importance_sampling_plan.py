@@ -17,20 +17,19 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig
 
-from tests.unit.trainer.test_variant_trainer import length_reward, offset_rollout
-from trainer_service.config import ConfigError, parse_config
-from trainer_service.job import build_grpo_config
-from trainer_service.variant_trainer import (
+from tests.unit.trainer.fixtures import length_reward, offset_rollout
+from trainer_service.config.run_config import ConfigError, parse_config
+from trainer_service.config.variants import VariantConfigError, grpo_config_overrides
+from trainer_service.training.builders import Device, build_grpo_config
+from trainer_service.training.importance_sampling import (
     EXACT_RATIO_TOLERANCE,
     EXACTNESS_RECHECK_BATCHES,
     ImportanceSamplingPlan,
-    MissingLossInputError,
-    VariantConfigError,
-    grpo_config_overrides,
     importance_ratio_deviation,
-    make_variant_trainer,
     resolve_importance_sampling,
 )
+from trainer_service.training.variant_loss import MissingLossInputError
+from trainer_service.training.variant_trainer import make_variant_trainer
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -86,7 +85,7 @@ def test_config_key_defaults_to_auto_and_refuses_off_with_async():
 @pytest.mark.parametrize(("setting", "flag"), [("auto", True), ("on", True), ("off", False)])
 def test_grpo_config_computes_the_correction_unless_off(tmp_path, setting, flag):
     config = parse_config({**MINIMAL, "output": str(tmp_path), "training": {"importance_sampling": setting}})
-    assert build_grpo_config(config, "cpu").vllm_importance_sampling_correction is flag
+    assert build_grpo_config(config, Device.named("cpu")).vllm_importance_sampling_correction is flag
 
 
 def test_ratio_deviation_counts_active_tokens_or_sequences_and_nan_as_infinite():

@@ -7,15 +7,12 @@ import json
 import pytest
 import torch
 
-from trainer_service.cli import main
-from trainer_service.config import ConfigError, parse_config
-from trainer_service.job import (
-    build_grpo_config,
-    build_model,
-    precision_flags,
-    quantization_config,
-    resolve_checkpoint,
-)
+from trainer_service.__main__ import main
+from trainer_service.config.run_config import ConfigError, parse_config
+from trainer_service.training.builders import Device, build_grpo_config, build_model, quantization_config
+from trainer_service.training.job import resolve_checkpoint
+
+CPU = Device.named("cpu")
 
 
 def config(tmp_path, **training):
@@ -44,7 +41,7 @@ def test_grpo_config_on_cpu(tmp_path):
             report_to="none",
             seed=3,
         ),
-        "cpu",
+        CPU,
     )
     assert args.use_cpu and not args.bf16 and not args.fp16
     assert args.output_dir == str(tmp_path / "out" / "exp")
@@ -58,32 +55,32 @@ def test_grpo_config_on_cpu(tmp_path):
 
 
 def test_equal_weights_leave_reward_weights_unset_and_no_saves(tmp_path):
-    args = build_grpo_config(config(tmp_path, reward_fn="accuracy,format"), "cpu")
+    args = build_grpo_config(config(tmp_path, reward_fn="accuracy,format"), CPU)
     assert args.reward_weights is None
     assert args.save_strategy == "no"
 
 
 def test_precision_on_cpu_is_fp32():
-    assert precision_flags("cpu") == {"bf16": False, "fp16": False}
+    assert Device.named("cpu") == Device("cpu", bf16=False, fp16=False) and Device.named("cpu").fp32
 
 
 @pytest.mark.parametrize("mode", ["4bit", "8bit"])
 def test_quantization_on_cpu_is_a_clear_error(tmp_path, mode):
     with pytest.raises(ConfigError) as caught:
-        quantization_config(config(tmp_path, quantization=mode), "cpu", torch.float16)
+        quantization_config(config(tmp_path, quantization=mode), CPU, torch.float16)
     assert caught.value.key == "training.quantization"
     assert "needs a CUDA GPU" in str(caught.value)
-    assert quantization_config(config(tmp_path), "cpu", torch.float16) is None
+    assert quantization_config(config(tmp_path), CPU, torch.float16) is None
 
 
 def test_lora_variants_and_full_finetune(tmp_path, tiny_models):
     lora = {"r": 4, "alpha": 8, "use_dora": True, "use_rslora": True}
-    dora = build_model(config(tmp_path, lora=lora), "cpu")
+    dora = build_model(config(tmp_path, lora=lora), CPU)
     peft_config = dora.peft_config["default"]
     assert peft_config.use_dora and peft_config.use_rslora and peft_config.r == 4
     trainable = [name for name, p in dora.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in name for name in trainable)
-    full = build_model(config(tmp_path, lora={"r": 0}), "cpu")
+    full = build_model(config(tmp_path, lora={"r": 0}), CPU)
     assert not hasattr(full, "peft_config")
     assert all(p.dtype == torch.float32 for p in full.parameters())
 

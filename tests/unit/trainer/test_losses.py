@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from trainer_service import losses
-from trainer_service.losses import Aggregation, LossParams
+from tests.unit.trainer.fixtures import variant_loss
+from trainer_service.training import losses
+from trainer_service.training.losses import Aggregation, LossParams
 
 B, T = 6, 7
 
@@ -103,7 +104,7 @@ def test_vespo_gamma_weight_formula_off_policy(batch):
 
 def test_two_sided_is_symmetric_clip_with_global_token_mean(batch):
     delta = 0.3
-    loss = losses.variant_loss(
+    loss = variant_loss(
         "two_sided", batch["logps"], batch["old"], batch["adv"], batch["mask"], LossParams(delta=delta)
     )
     r = torch.exp(batch["logps"] - batch["old"])
@@ -120,7 +121,7 @@ def test_two_sided_rejects_delta_outside_unit_interval(batch, delta):
 
 
 def test_rft_is_nll_over_positive_advantage_tokens(batch):
-    loss = losses.variant_loss("rft", batch["logps"], batch["old"], batch["adv"], batch["mask"], LossParams())
+    loss = variant_loss("rft", batch["logps"], batch["old"], batch["adv"], batch["mask"], LossParams())
     positive = (batch["adv"] > 0).double()[:, None] * batch["mask"]
     expected = -(batch["logps"] * positive).sum() / positive.sum()
     torch.testing.assert_close(loss, expected)
@@ -131,13 +132,13 @@ def test_rft_is_nll_over_positive_advantage_tokens(batch):
 
 def test_rft_without_positive_completions_gives_zero_loss_and_gradient(batch):
     adv = -batch["adv"].abs()
-    loss = losses.variant_loss("rft", batch["logps"], batch["old"], adv, batch["mask"], LossParams())
+    loss = variant_loss("rft", batch["logps"], batch["old"], adv, batch["mask"], LossParams())
     assert loss.item() == 0.0
     assert torch.all(grad_of(loss, batch["logps"]) == 0)
 
 
 def test_gpg_is_rescaled_policy_gradient(batch):
-    loss = losses.variant_loss("gpg", batch["logps"], batch["old"], batch["adv"], batch["mask"], LossParams())
+    loss = variant_loss("gpg", batch["logps"], batch["old"], batch["adv"], batch["mask"], LossParams())
     alpha = B / 5  # one completion (index 2) has A = 0
     expected = -(alpha * batch["adv"][:, None] * batch["logps"] * batch["mask"]).sum() / batch["mask"].sum()
     torch.testing.assert_close(loss, expected)
@@ -197,7 +198,7 @@ def test_off_policy_mask_drops_only_negative_advantage_drifted_sequences(batch):
 def test_every_variant_yields_a_finite_loss_with_gradient(batch):
     for name in losses.VARIANT_SPECS:
         params = LossParams(delta=0.2 if name == "two_sided" else None)
-        loss = losses.variant_loss(
+        loss = variant_loss(
             name, batch["logps"], batch["old"], batch["adv"], batch["mask"], params, max_completion_length=T
         )
         grad = grad_of(loss, batch["logps"])
@@ -210,7 +211,7 @@ def test_variants_give_different_gradients(batch):
     grads = {}
     for name in ("dapo", "cispo", "sapo", "vespo", "two_sided", "rft", "gpg"):
         params = LossParams(delta=0.05 if name == "two_sided" else None)
-        loss = losses.variant_loss(name, batch["logps"], batch["old"], batch["adv"], batch["mask"], params)
+        loss = variant_loss(name, batch["logps"], batch["old"], batch["adv"], batch["mask"], params)
         grads[name] = grad_of(loss, batch["logps"])
     names = list(grads)
     for i, a in enumerate(names):

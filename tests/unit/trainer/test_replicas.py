@@ -10,14 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from grpo_runtime.client import ChannelConfig
-from trainer_service.config import ConfigError, parse_config
-from trainer_service.replicas import (
+from trainer_service.config.rollout_targets import parse_target
+from trainer_service.config.run_config import ConfigError, parse_config
+from trainer_service.rollout.replicas import (
     ReplicaAddress,
     RolloutReplicas,
     RolloutUnavailable,
     first_error,
     merge_shards,
-    parse_target,
     resolve_targets,
     settle,
     shard_bounds,
@@ -200,8 +200,8 @@ def test_membership_follows_resolution_and_closes_dropped_clients_one_change_lat
         assert first.target == "127.0.0.1:1" and replicas.client("127.0.0.1:2").target == "127.0.0.1:2"
         # A member that DNS stops listing: dropped, but its client stays usable until the next change, so a
         # generation still running on it (async prefetch) finishes.
-        replicas.adopt([ReplicaAddress("127.0.0.1:2", "localhost")])
-        assert [m.address for m in replicas.members] == ["127.0.0.1:2"]
+        kept = replicas.adopt([ReplicaAddress("127.0.0.1:2", "localhost")])
+        assert [m.address for m in kept] == ["127.0.0.1:2"]
         assert replicas.client("127.0.0.1:1") is first
         replicas.adopt([ReplicaAddress("127.0.0.1:2", "localhost")])
         with pytest.raises(RolloutUnavailable, match="no longer a member"):
@@ -211,6 +211,7 @@ def test_membership_follows_resolution_and_closes_dropped_clients_one_change_lat
         assert replicas.client("127.0.0.1:1") is not first
     finally:
         replicas.close()
-    assert replicas.members == []
+    with pytest.raises(RolloutUnavailable, match="no longer a member"):
+        replicas.client("127.0.0.1:2")
     with pytest.raises(ValueError):
         RolloutReplicas([], ChannelConfig(target="unused:1"))

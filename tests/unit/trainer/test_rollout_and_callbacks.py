@@ -11,12 +11,17 @@ from rich.console import Console
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from rollout_service.core.types import CompletionResult, FinishReason
-from trainer_service.callbacks import MetricsCallback, StopCallback, plot_reward_curve, read_metrics
-from trainer_service.config import parse_config
-from trainer_service.events import JobEvent, RunState
-from trainer_service.progress import ProgressSink
-from trainer_service.rollout import SamplingConfig, ServiceRollout, StalePolicyError, group_runs
-from trainer_service.weight_sync import WeightSync
+from trainer_service.config.run_config import parse_config
+from trainer_service.core.types import JobEvent, RunState
+from trainer_service.local.progress import ProgressSink
+from trainer_service.rollout.service_rollout import (
+    SamplingConfig,
+    ServiceRollout,
+    StalePolicyError,
+    group_runs,
+)
+from trainer_service.rollout.weight_sync import WeightSync
+from trainer_service.training.callbacks import MetricsCallback, StopCallback, plot_reward_curve, read_metrics
 
 A = [{"role": "user", "content": "a"}]
 B = [{"role": "user", "content": "b"}]

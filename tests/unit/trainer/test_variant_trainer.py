@@ -17,28 +17,23 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
-from trainer_service import losses
-from trainer_service.variant_trainer import (
-    REQUIRED_INPUT_KEYS,
+from tests.unit.trainer.fixtures import length_reward, offset_rollout
+from trainer_service.config.variants import (
     VARIANTS,
-    MissingLossInputError,
     VariantConfigError,
     grpo_config_overrides,
-    make_variant_trainer,
     normalize_variant,
     validate_variant_params,
 )
+from trainer_service.training import losses
+from trainer_service.training.variant_loss import REQUIRED_INPUT_KEYS, MissingLossInputError
+from trainer_service.training.variant_trainer import make_variant_trainer
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 TRL_NATIVE = [name for name, spec in losses.VARIANT_SPECS.items() if spec.trl_native]
 EXTRA = [name for name, spec in losses.VARIANT_SPECS.items() if not spec.trl_native]
 B, P, T = 4, 5, 8
-
-
-def length_reward(completions: list[Any], **_: Any) -> list[float]:
-    """A real (if silly) reward: characters in the completion, so groups have non-zero spread."""
-    return [float(len(c if isinstance(c, str) else c[-1]["content"])) for c in completions]
 
 
 @pytest.fixture(scope="module")
@@ -253,7 +248,7 @@ def independent_logps(model, inputs: dict[str, Any]) -> torch.Tensor:
 
 
 def extra_formula(variant: str, logps, inputs, delta: float, num_tokens: float) -> torch.Tensor:
-    """The extra variants' losses written out from their papers / the seed, on tensors."""
+    """The extra variants' losses written out from their papers / soup-cli's GRPO trainer, on tensors."""
     m = inputs["completion_mask"].float()
     a = inputs["advantages"][:, None]
     old = inputs["old_per_token_logps"]
@@ -302,7 +297,7 @@ def test_extra_variant_loss_and_gradient_equal_formula(build, variant):
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "dapo"])
 def test_selected_variant_changes_the_gradient_of_the_default_trainer(build, variant):
-    """The seed's bug (every variant silently trained TRL's default loss) cannot come back: each variant's
+    """soup-cli's bug (every variant silently trained TRL's default loss) cannot come back: each variant's
     gradient differs from stock GRPOTrainer with the default loss_type on the same batch."""
     assert GRPOConfig(output_dir="unused", use_cpu=True, bf16=False).loss_type == "dapo"
     stock = build(GRPOTrainer)
@@ -451,29 +446,6 @@ def test_two_real_train_steps_with_trl_generation(build, variant):
     assert changed, "no parameter moved after two optimizer steps"
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert len(logged) == 2 and all("clip_ratio/region_mean" in entry for entry in logged)
-
-
-def offset_rollout(tokenizer, offset: float):
-    """A real rollout_func (no service): random completions scored by the trainer's own model, reported with
-    log-probs `offset` nats off, as a rollout engine with different numerics would."""
-
-    def rollout(prompts: list[str], trainer) -> dict[str, list]:
-        g = torch.Generator().manual_seed(7)
-        out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
-        for prompt in prompts:
-            ids = tokenizer(prompt)["input_ids"]
-            completion = torch.randint(3, trainer.model.config.vocab_size, (5,), generator=g).tolist()
-            with torch.no_grad():
-                logits = trainer.model(input_ids=torch.tensor([ids + completion])).logits[
-                    0, len(ids) - 1 : -1
-                ]
-            logps = torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
-            out["prompt_ids"].append(ids)
-            out["completion_ids"].append(completion)
-            out["logprobs"].append((logps + offset).tolist())
-        return out
-
-    return rollout
 
 
 @pytest.mark.parametrize("correction", [True, False])

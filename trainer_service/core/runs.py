@@ -21,25 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from grpo_runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from trainer_service.config import ConfigError, parse_config
-from trainer_service.events import JobEvent, RunState
-from trainer_service.worker import WORKER_LOG, run_worker
+from trainer_service.config.run_config import ConfigError, parse_config
+from trainer_service.core.types import JobEvent, RunInfo, RunState
+from trainer_service.core.worker import WORKER_LOG, run_worker
 
 _SPAWN = multiprocessing.get_context("spawn")
-
-
-@dataclass
-class RunInfo:
-    """What GetRun / ListRuns report about a run."""
-
-    run_id: str
-    state: RunState
-    step: int
-    total_steps: int
-    output_dir: str
-    metrics: dict[str, float]
-    message: str
-    created_at: float
 
 
 @dataclass

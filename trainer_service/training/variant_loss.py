@@ -1,4 +1,4 @@
-"""`trl.GRPOTrainer` subclasses whose loss is one of `trainer_service.losses`' variants, for real.
+"""The loss of a `trl.GRPOTrainer` subclass is one of `trainer_service.training.losses`' variants, for real.
 
 The subclass overrides `_compute_loss` (which TRL's `compute_loss` and `prediction_step` call) with the same
 structure as TRL 1.16's: it recomputes the per-token log-probabilities WITH grad through TRL's own
@@ -8,108 +8,35 @@ sampling correction, β·KL (k3, bias-corrected by the ratio when `use_bias_corr
 aux loss, and the metrics (`entropy`, `kl`, `clip_ratio/*`, `cispo_clip_ratio`, `vespo/phi_seq_mean`). It
 never falls back to another loss: a missing input key raises `MissingLossInputError` (a `KeyError`) naming the
 key, and a `GRPOConfig` that disagrees with the variant is rejected at construction, naming the field.
-
-API for the config builder::
-
-    from trainer_service.variant_trainer import grpo_config_overrides, make_variant_trainer
-
-    overrides = grpo_config_overrides(
-        cfg.grpo_variant, grpo_delta=cfg.grpo_delta, epsilon=cfg.grpo_epsilon,
-        epsilon_high=cfg.grpo_epsilon_high, params=cfg.variant_params,
-    )   # raises VariantConfigError(key=...) on a bad combination
-    args = GRPOConfig(..., beta=cfg.grpo_beta, **overrides)
-    trainer = make_variant_trainer(cfg.grpo_variant)(
-        model=..., args=args, reward_funcs=..., train_dataset=..., rollout_func=..., peft_config=...,
-    )
-
-`grpo_config_overrides` sets these `GRPOConfig` fields (always all of the first five):
-
-    variant     loss_type  importance_sampling_level  delta (from grpo_delta)         variant_params keys
-    grpo        grpo       token                      INTELLECT-2 cap > 1+ε_high | -  -
-    dr_grpo     dr_grpo    token                      cap | -                         -
-    dapo        dapo       token                      cap | -                         -
-    bnpo        bnpo       token                      cap | -                         -
-    luspo       luspo      sequence                   cap | -                         -
-    gspo        grpo       sequence                   cap | -                         -
-    cispo       cispo      token                      - (rejected)                    -
-    sapo        sapo       token                      -                               sapo_temperature_pos/neg
-    vespo       vespo      token                      -                               vespo_k/lambda_pos/neg
-    two_sided   dapo       token                      half-width δ ∈ (0, 1] REQUIRED  -
-    rft         bnpo       token                      -                               -
-    gpg         dapo       token                      -                               -
-
-plus `epsilon`, `epsilon_high` as given, and `vllm_importance_sampling_mode="token_truncate"` for vespo (it
-folds a per-token sampler ratio into its weight). "standard" is an alias of "dapo", TRL 1.16's default
-`loss_type`.
-For the extra variants (two_sided, rft, gpg) TRL's own loss never runs, so `loss_type` only picks TRL's
-construction-time warnings and `delta` carries two_sided's δ with its own meaning (see `losses.two_sided`).
-Note for cispo: TRL clamps the ratio at `epsilon_high`, which defaults to `epsilon` (0.2); ScaleRL uses 5.0.
-
-Rollout IS correction: TRL computes `importance_sampling_ratio` (trainer vs sampler logprobs, TIS/MIS) only on
-its own vLLM path. With a `rollout_func` (the rollout service) and `vllm_importance_sampling_correction=True`
-(TRL's default) this trainer applies the same ratio under `vllm_importance_sampling_mode` / `_clip_min` /
-`_clip_max`, from the `logprobs` the rollout_func returned, and logs TRL's `sampling/*` metrics. π_θold is
-the policy at generation time. TRL's vLLM branch spends one no-grad forward over the whole batch on it; here,
-when TRL itself left `old_per_token_logps` out (the whole generation batch trains before the next optimizer
-step: `steps_per_generation` = GA, one iteration, TRL's default), the weights at generation and at the loss
-are the same, so π_θold is the loss's own forward, detached, and the ratio is computed in `_compute_loss`
-(per micro-batch, the same values) at no extra cost. When TRL did compute `old_per_token_logps`, the ratio
-is added to the batch after generation. Set `vllm_importance_sampling_correction=False` to train without it.
-Whenever the correction applies to a batch it is computed or required (a missing input is an error); a ratio
-present in the batch is always applied, as in TRL.
-
-When the correction is pure cost: the ratio ρ = π_θold / π_sampler corrects for the sampler generating from
-other weights or with other numerics than the trainer's forward. In a synchronous run that pushes the weights
-after every optimizer step (generation waits for the push) with an fp32 HF rollout engine (the same forward
-in the same precision, adapter merged: log-probs agree to ~1e-6) and an fp32 trainer, the rollout is exactly
-on-policy: ρ = 1 ± 1e-5, and multiplying by it changes the loss by less than that (where π_θold needs its
-own forward, about a fifth of a CPU step, skipping also saves that forward). `resolve_importance_sampling`
-(the run config's `training.importance_sampling`) decides, and the trainer takes the result as
-`importance_sampling=ImportanceSamplingPlan(...)`:
-
-    setting  conditions                                                    plan
-    on       -                                                             on: every generation batch
-    off      sync mode only (rejected with async rollout)                  off: never
-    auto     async rollout (completions up to max_staleness versions old)  on
-    auto     weight sync off (the service keeps other weights)             on
-    auto     engine not "hf" (vLLM: own kernels, bf16, sampler) or unknown on
-    auto     trainer in bf16/fp16 or quantized (numerics differ)           on
-    auto     otherwise (sync, pushed every step, fp32 HF engine + trainer) verify
-
-`verify` trusts but checks: the correction runs on the first generation batch and on every
-`EXACTNESS_RECHECK_BATCHES`-th one after it; while the measured max |ρ − 1| stays within
-`EXACT_RATIO_TOLERANCE` the batches in between skip it (logged as `sampling/importance_sampling_applied` 0),
-and the first check that exceeds it (a bf16 engine, another model on the service, a replica that differs)
-turns the correction on for the rest of the run, with a warning. Async rollout is never exact: a batch
-generated during the previous step comes from weights one version behind, so there it is always `on`.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig
 from trl.trainer.utils import nanmax, nanmin
 
-from trainer_service import losses
+from trainer_service.config.variants import (
+    VARIANT_PARAM_KEYS,
+    VARIANT_SPECS,
+    Aggregation,
+    VariantConfigError,
+    VariantSpec,
+    validate_variant_params,
+)
+from trainer_service.training import losses
+from trainer_service.training.importance_sampling import (
+    EXACT_RATIO_TOLERANCE,
+    EXACTNESS_RECHECK_BATCHES,
+    ImportanceSamplingPlan,
+    importance_ratio_deviation,
+)
 
 log = logging.getLogger(__name__)
-
-ALIASES: dict[str, str] = {"standard": "dapo"}
-
-VARIANTS: dict[str, str] = {name: spec.description for name, spec in losses.VARIANT_SPECS.items()}
-
-# Parameters a variant takes from `variant_params`; each is a GRPOConfig field of the same name.
-VARIANT_PARAM_KEYS: dict[str, tuple[str, ...]] = {
-    "sapo": ("sapo_temperature_pos", "sapo_temperature_neg"),
-    "vespo": ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"),
-}
 
 # Keys `_compute_loss` always reads from the batch TRL's `_generate_and_score_completions` returns.
 REQUIRED_INPUT_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")
@@ -129,14 +56,6 @@ _FORWARD_KEYS = (
 )
 
 
-class VariantConfigError(ValueError):
-    """A variant/parameter combination that cannot train; `key` is the config key to change."""
-
-    def __init__(self, message: str, key: str):
-        self.key = key
-        super().__init__(f"{key}: {message}")
-
-
 class MissingLossInputError(KeyError):
     """The batch TRL handed to the loss lacks a key the selected variant needs (never silently ignored)."""
 
@@ -152,188 +71,9 @@ class MissingLossInputError(KeyError):
         return self.message
 
 
-# A rollout counts as exactly on-policy while TRL's sampler ratio ρ stays within 1 ± this on every active
-# token (sequence-level modes: every sequence): skipping the correction changes each token's loss by < 0.1 %.
-# Measured: the fp32 HF engine vs the fp32 trainer give |ρ − 1| < 1e-5 on 32-token completions.
-EXACT_RATIO_TOLERANCE = 1e-3
-# In "verify" mode the correction runs on the first generation batch and then on every this many batches.
-EXACTNESS_RECHECK_BATCHES = 50
-
-ImportanceSamplingSetting = Literal["auto", "on", "off"]
-
-
-@dataclass(frozen=True)
-class ImportanceSamplingPlan:
-    """How a trainer with a `rollout_func` applies the rollout importance-sampling correction.
-
-    ``mode``: "on" every generation batch, "off" never, "verify" on the first batch and every
-    `EXACTNESS_RECHECK_BATCHES`-th, skipped in between while |ρ − 1| <= `EXACT_RATIO_TOLERANCE` (module
-    docstring). ``reason``: why, in words (logged at the start of training).
-    """
-
-    mode: Literal["on", "off", "verify"]
-    reason: str
-
-
-def resolve_importance_sampling(
-    setting: ImportanceSamplingSetting,
-    *,
-    async_rollout: bool,
-    weight_sync: bool,
-    rollout_engine: str | None,
-    trainer_fp32: bool,
-) -> ImportanceSamplingPlan:
-    """The plan for ``training.importance_sampling`` (table in the module docstring).
-
-    ``rollout_engine``: what the rollout service reports ("hf", "vllm"; None = could not ask).
-    ``trainer_fp32``: the trainer's forward runs in fp32 (no bf16/fp16 autocast, no quantized base).
-    Raises VariantConfigError(key="training.importance_sampling") for "off" with async rollout.
-    """
-    if setting == "on":
-        return ImportanceSamplingPlan("on", "training.importance_sampling is 'on'")
-    if setting == "off":
-        if async_rollout:
-            raise VariantConfigError(
-                "cannot be 'off' with async rollout: completions come from older weights, and only the "
-                "correction makes training on them unbiased",
-                key="training.importance_sampling",
-            )
-        return ImportanceSamplingPlan("off", "training.importance_sampling is 'off'")
-    if setting != "auto":
-        raise VariantConfigError(
-            f"must be auto, on or off, got {setting!r}", key="training.importance_sampling"
-        )
-    if async_rollout:
-        return ImportanceSamplingPlan("on", "async rollout trains on completions from older weights")
-    if not weight_sync:
-        return ImportanceSamplingPlan("on", "weight sync is off: the rollout service samples other weights")
-    if rollout_engine != "hf":
-        engine = "unknown (status unavailable)" if rollout_engine is None else repr(rollout_engine)
-        return ImportanceSamplingPlan(
-            "on", f"rollout engine {engine} is not the fp32 HF engine whose log-probs match the trainer's"
-        )
-    if not trainer_fp32:
-        return ImportanceSamplingPlan("on", "the trainer computes in bf16/fp16 or on quantized weights")
-    return ImportanceSamplingPlan(
-        "verify",
-        "sync rollout, weights pushed every step, HF engine and fp32 trainer: on-policy up to rounding; "
-        f"checked on the first batch and every {EXACTNESS_RECHECK_BATCHES}th",
-    )
-
-
-def importance_ratio_deviation(ratio: torch.Tensor, mask: torch.Tensor) -> float:
-    """max |ρ − 1| over active tokens ((B, T) ratio) or over sequences ((B, 1) ratio); 0 for an empty batch.
-    NaN entries count as infinitely far off."""
-    values = ratio.flatten() if ratio.shape[1] == 1 else ratio[mask.bool()]
-    if values.numel() == 0:
-        return 0.0
-    deviation = torch.nan_to_num((values.double() - 1.0).abs(), nan=math.inf)
-    return float(deviation.max())
-
-
-def normalize_variant(variant: str) -> str:
-    """Lower-cased canonical name; raises VariantConfigError(key="grpo_variant") for an unknown one."""
-    if not isinstance(variant, str):
-        raise VariantConfigError(f"must be a string, got {type(variant).__name__}", key="grpo_variant")
-    name = variant.strip().lower()
-    name = ALIASES.get(name, name)
-    if name not in losses.VARIANT_SPECS:
-        choices = ", ".join(sorted([*losses.VARIANT_SPECS, *ALIASES]))
-        raise VariantConfigError(f"unknown variant {variant!r}; choose one of: {choices}", key="grpo_variant")
-    return name
-
-
-def _finite_number(value: Any, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise VariantConfigError(f"must be a finite number, got {value!r}", key=key)
-    return float(value)
-
-
-def validate_variant_params(
-    variant: str,
-    *,
-    grpo_delta: float | None = None,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    params: Mapping[str, Any] | None = None,
-) -> str:
-    """Check the variant's parameters; return the canonical variant name.
-
-    Rules (errors are `VariantConfigError` naming the key): two_sided needs grpo_delta ∈ (0, 1]; the clipped
-    TRL variants (grpo, dr_grpo, dapo, bnpo, luspo, gspo) accept grpo_delta only as INTELLECT-2's ratio cap,
-    > 1 + epsilon_high; the others reject it. `params` may only hold the keys in
-    `VARIANT_PARAM_KEYS[variant]`, each a finite number > 0 (vespo's k may be 0).
-    """
-    name = normalize_variant(variant)
-    spec = losses.VARIANT_SPECS[name]
-    epsilon = _finite_number(epsilon, "grpo_epsilon")
-    if epsilon <= 0:
-        raise VariantConfigError(f"must be > 0, got {epsilon}", key="grpo_epsilon")
-    eps_high = epsilon if epsilon_high is None else _finite_number(epsilon_high, "grpo_epsilon_high")
-    if eps_high <= 0:
-        raise VariantConfigError(f"must be > 0, got {eps_high}", key="grpo_epsilon_high")
-    if grpo_delta is not None:
-        delta = _finite_number(grpo_delta, "grpo_delta")
-        if spec.delta_role is None:
-            raise VariantConfigError(f"is not used by variant {name!r}; remove it", key="grpo_delta")
-        if spec.delta_role == "half_width" and not 0.0 < delta <= 1.0:
-            raise VariantConfigError(
-                f"two_sided clips the ratio to [1 − δ, 1 + δ], so δ must be in (0, 1]; got {delta}",
-                key="grpo_delta",
-            )
-        if spec.delta_role == "cap" and delta <= 1.0 + eps_high:
-            raise VariantConfigError(
-                f"for {name!r} it is INTELLECT-2's upper cap on the ratio and must be > 1 + epsilon_high "
-                f"({1.0 + eps_high}); got {delta} (a symmetric clip is variant 'two_sided')",
-                key="grpo_delta",
-            )
-    elif spec.delta_role == "half_width":
-        raise VariantConfigError("two_sided needs grpo_delta in (0, 1]", key="grpo_delta")
-    allowed = VARIANT_PARAM_KEYS.get(name, ())
-    for key, value in (params or {}).items():
-        if key not in allowed:
-            hint = f"allowed: {', '.join(allowed)}" if allowed else "this variant takes none"
-            raise VariantConfigError(
-                f"unknown parameter for variant {name!r} ({hint})", key=f"variant_params.{key}"
-            )
-        number = _finite_number(value, f"variant_params.{key}")
-        minimum_ok = number >= 0 if key.startswith("vespo_k") else number > 0
-        if not minimum_ok:
-            raise VariantConfigError(f"must be > 0, got {number}", key=f"variant_params.{key}")
-    return name
-
-
-def grpo_config_overrides(
-    variant: str,
-    *,
-    grpo_delta: float | None = None,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    params: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """`GRPOConfig` keyword arguments that make TRL's configuration agree with `variant` (table in the module
-    docstring). Validates first (`validate_variant_params`)."""
-    name = validate_variant_params(
-        variant, grpo_delta=grpo_delta, epsilon=epsilon, epsilon_high=epsilon_high, params=params
-    )
-    spec = losses.VARIANT_SPECS[name]
-    overrides: dict[str, Any] = {
-        "loss_type": spec.trl_loss_type,
-        "importance_sampling_level": spec.importance_sampling_level or "token",
-        "delta": None if grpo_delta is None else float(grpo_delta),
-        "epsilon": float(epsilon),
-        "epsilon_high": None if epsilon_high is None else float(epsilon_high),
-    }
-    if name == "vespo":
-        # VESPO folds the sampler IS ratio into its sequence weight token by token (TRL requires token_*).
-        overrides["vllm_importance_sampling_mode"] = "token_truncate"
-    overrides.update({key: float(value) for key, value in (params or {}).items()})
-    return overrides
-
-
 def check_args_match_variant(variant: str, args: GRPOConfig) -> None:
     """Reject a `GRPOConfig` whose loss fields contradict `variant` (message names the GRPOConfig field)."""
-    spec = losses.VARIANT_SPECS[variant]
+    spec = VARIANT_SPECS[variant]
     if args.loss_type != spec.trl_loss_type:
         raise VariantConfigError(
             f"is {args.loss_type!r} but variant {variant!r} needs {spec.trl_loss_type!r}; build the "
@@ -541,7 +281,7 @@ class VariantLossMixin:
 
     def _compute_loss(self, model: torch.nn.Module, inputs: Mapping[str, Any]) -> torch.Tensor:
         variant = self.grpo_variant
-        spec = losses.VARIANT_SPECS[variant]
+        spec = VARIANT_SPECS[variant]
         prompt_ids, prompt_mask, completion_ids, completion_mask, advantages = (
             self._require(inputs, key, "every GRPO loss") for key in REQUIRED_INPUT_KEYS
         )
@@ -629,7 +369,7 @@ class VariantLossMixin:
         mode = "train" if self.model.training else "eval"
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         num_tokens = None
-        if spec.aggregation is losses.Aggregation.GLOBAL_TOKEN:
+        if spec.aggregation is Aggregation.GLOBAL_TOKEN:
             # num_items_in_batch counts the generation batch over all processes; rescale to one window here.
             num_items = self._require(inputs, "num_items_in_batch", f"{variant} normalises by global tokens")
             num_tokens = num_items.clamp(min=1.0) / self.accelerator.num_processes
@@ -707,7 +447,7 @@ class VariantLossMixin:
     def _log_loss_metrics(
         self,
         mode: str,
-        spec: losses.VariantSpec,
+        spec: VariantSpec,
         mask: torch.Tensor,
         entropies: torch.Tensor,
         advantages: torch.Tensor,
@@ -760,28 +500,3 @@ class VariantLossMixin:
             metrics["rft/positive_token_fraction"].append(
                 self.accelerator.gather(share.detach()).mean().item()
             )
-
-
-@functools.cache
-def _variant_class(name: str, base: type) -> type:
-    cls = type(
-        f"{base.__name__}_{name}",
-        (VariantLossMixin, base),
-        {
-            "grpo_variant": name,
-            "__doc__": f"{base.__name__} training with loss variant {name!r}: {VARIANTS[name]}.",
-            "__module__": __name__,
-        },
-    )
-    return cls
-
-
-def make_variant_trainer(variant: str, base: type = GRPOTrainer) -> type:
-    """The cached `base` subclass that trains with `variant` (case-insensitive; "standard" = "dapo").
-
-    Same constructor as `base`; its `args` must agree with the variant (use `grpo_config_overrides`), else
-    `VariantConfigError` naming the GRPOConfig field.
-    """
-    if not (isinstance(base, type) and issubclass(base, GRPOTrainer)):
-        raise TypeError(f"base must be a trl.GRPOTrainer subclass, got {base!r}")
-    return _variant_class(normalize_variant(variant), base)

@@ -1,6 +1,6 @@
 """Training data: load local files, turn each row into a GRPO prompt, check the metadata rewards need.
 
-Accepted row layouts (the seed's), detected per row with ``format: auto``:
+Accepted row layouts (those of soup-cli's GRPO trainer), detected per row with ``format: auto``:
 
 - ``messages``: ``{"messages": [{"role": ..., "content": ...}, ...]}``; a final ``assistant`` turn is the
   reference answer (kept as ``answer`` unless the row has one) and is removed from the prompt; earlier
@@ -24,7 +24,7 @@ from typing import Any
 
 import datasets
 
-from trainer_service.config import DataConfig, RewardTerm
+from trainer_service.config.run_config import DataConfig, RewardTerm
 
 Row = dict[str, Any]
 
@@ -252,17 +252,6 @@ def to_dataset(
     return datasets.Dataset.from_list(rows)
 
 
-def load_split(
-    config: DataConfig,
-    rewards: Sequence[RewardTerm],
-    *,
-    split: str,
-    requirements: Mapping[str, Sequence[str]] = REWARD_METADATA,
-) -> datasets.Dataset | None:
-    """:func:`read_split` then :func:`to_dataset`."""
-    return to_dataset(read_split(config, split=split), rewards, split=split, requirements=requirements)
-
-
 def check_prompt_lengths(
     dataset: datasets.Dataset, tokenizer: Any, max_prompt_length: int, *, split: str
 ) -> None:
@@ -284,7 +273,6 @@ __all__ = [
     "check_prompt_lengths",
     "detect_format",
     "has_usable_value",
-    "load_split",
     "prepare_rows",
     "read_rows",
     "read_split",

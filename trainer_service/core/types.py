@@ -1,4 +1,4 @@
-"""What a training job reports while it runs: step events, plus the run states they move through.
+"""Domain types of the trainer service: run states, the events a job reports, what a run looks like.
 
 A job emits :class:`JobEvent` objects to a sink (a plain callable). The CLI's sink draws a progress bar; the
 service's sink puts them on a multiprocessing queue read by the run manager. Events are plain dataclasses of
@@ -42,6 +42,20 @@ class JobEvent:
     metrics: dict[str, float] = field(default_factory=dict)
     message: str = ""
     time: float = field(default_factory=time.time)
+
+
+@dataclass
+class RunInfo:
+    """What GetRun / ListRuns report about a run."""
+
+    run_id: str
+    state: RunState
+    step: int
+    total_steps: int
+    output_dir: str
+    metrics: dict[str, float]
+    message: str
+    created_at: float
 
 
 EventSink = Callable[[JobEvent], None]

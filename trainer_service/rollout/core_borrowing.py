@@ -1,12 +1,12 @@
 """Async rollout on one CPU machine: the trainer borrows the rollout service's cores while they are idle.
 
 While the next batch is generated, trainer and rollout service compute at the same time and split the cores
-(:func:`trainer_service.launcher.overlap_threads`). The generation usually ends before the trainer's step
-does (2 cores, 23M policy, 32 completions: generation 1.25 s, loss forward + backward 1.6 s on one thread
-each), and from then on the rollout's cores would idle until the next prefetch starts. :class:`CoreBorrowing`
-raises the trainer's torch threads to every core as soon as the prefetch's future is done and lowers them to
-its share again just before the next prefetch starts, so the two processes never run more threads than there
-are cores.
+(:func:`trainer_service.rollout.cpu_placement.overlap_threads`). The generation usually ends before the
+trainer's step does (2 cores, 23M policy, 32 completions: generation 1.25 s, loss forward + backward 1.6 s on
+one thread each), and from then on the rollout's cores would idle until the next prefetch starts.
+:class:`CoreBorrowing` raises the trainer's torch threads to every core as soon as the prefetch's future is
+done and lowers them to its share again just before the next prefetch starts, so the two processes never run
+more threads than there are cores.
 
 torch sizes each parallel region from the calling thread's setting, so the count can only change between
 regions, on the thread that runs them. The switch points are the model's leaf modules (linear layers, norms,

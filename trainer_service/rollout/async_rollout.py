@@ -29,7 +29,7 @@ Design (single process):
   (``WeightSync.ready``), like a synchronous generation; a replica that joins during it is used from the
   next generation on, and one dropped during it keeps its client until the membership changes again.
 * **Cores.** On one CPU machine the trainer runs on its share of the cores while a prefetch generates and
-  borrows the rollout's share once it has finished (:mod:`trainer_service.core_borrowing`).
+  borrows the rollout's share once it has finished (:mod:`trainer_service.rollout.core_borrowing`).
 * **Failures.** A prefetch that fails (service down, restarted) or whose prompts do not match what TRL asks
   for (resume skipping batches, epoch boundary) is a miss: the step generates synchronously through
   :class:`ServiceRollout`, which waits with backoff and re-pushes the weights.
@@ -51,9 +51,9 @@ from typing import Any
 
 from torch.utils.data import Sampler
 
-from trainer_service.core_borrowing import CoreBorrowing
-from trainer_service.replicas import RolloutUnavailable
-from trainer_service.rollout import ServiceRollout
+from trainer_service.rollout.core_borrowing import CoreBorrowing
+from trainer_service.rollout.replicas import RolloutUnavailable
+from trainer_service.rollout.service_rollout import ServiceRollout
 
 log = logging.getLogger(__name__)
 
@@ -195,10 +195,7 @@ class AsyncServiceRollout:
             self.stats.prefetch_misses += 1
             self.stats.stale_dropped += len(completions)
             return None
-        current = sync.current_version
-        if not sync.enabled:
-            current = sync._service_version(trainer)
-            sync.current_version = current
+        current = sync.current_version if sync.enabled else sync.follow_service_version(trainer)
         versions = [int(c.policy_version) for c in completions]
         decision = judge_staleness(versions, int(current), self.max_staleness)
         if not decision.accept:
@@ -254,7 +251,7 @@ class AsyncServiceRollout:
                 sync.wait_for_transfer()
                 if sync.enabled and sync.push_pending:
                     raise RolloutUnavailable(f"version {sync.current_version} did not reach the replicas")
-                future.set_result(self.inner._generate(prompts, step))
+                future.set_result(self.inner.generate(prompts, step))
             except BaseException as error:  # handed to the consuming step
                 future.set_exception(error)
 

@@ -14,9 +14,10 @@ importance-sampling correction. ``policy_version`` is forwarded per completion (
 reward functions) and checked: every completion must come from the weights this trainer pushed last, or the
 step raises instead of training on stale or foreign weights.
 
-Several rollout replicas (:mod:`trainer_service.replicas`): the groups of a call are split into contiguous
-shards, one per replica serving the trainer's version (``WeightSync.ready``), generated concurrently and
-concatenated back in input order; the ``n`` completions of one prompt always come from one replica.
+Several rollout replicas (:mod:`~trainer_service.rollout.replicas`): the groups of a call are split into
+contiguous shards, one per replica serving the trainer's version (``WeightSync.ready``), generated
+concurrently and concatenated back in input order; the ``n`` completions of one prompt always come from one
+replica.
 """
 
 from __future__ import annotations
@@ -30,9 +31,16 @@ from typing import Any
 
 import grpc
 
-from trainer_service.config import RunConfig
-from trainer_service.replicas import RolloutReplicas, first_error, merge_shards, settle, shard_bounds
-from trainer_service.weight_sync import RolloutUnavailable, WeightSync
+from trainer_service.config.run_config import RunConfig
+from trainer_service.rollout.replicas import (
+    RolloutReplicas,
+    RolloutUnavailable,
+    first_error,
+    merge_shards,
+    settle,
+    shard_bounds,
+)
+from trainer_service.rollout.weight_sync import WeightSync
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +177,7 @@ class ServiceRollout:
         while True:
             try:
                 with self.sync.generation(trainer) as expected_version:
-                    completions = self._generate(prompts, step)
+                    completions = self.generate(prompts, step)
                 return self.to_trl(completions, expected_version)
             except (grpc.RpcError, RolloutUnavailable) as error:
                 # The service is down or restarting: wait with backoff, then push the weights again (the
@@ -183,11 +191,11 @@ class ServiceRollout:
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    def _generate(self, prompts: list[Any], step: int) -> list[Any]:
+    def generate(self, prompts: list[Any], step: int) -> list[Any]:
         """Completions of ``prompts`` in input order, each run of equal prompts sampled on one replica.
 
         The runs are cut into contiguous shards over the replicas in ``sync.ready`` (near-equal completion
-        counts, :func:`~trainer_service.replicas.shard_bounds`), generated concurrently and concatenated.
+        counts, :func:`~trainer_service.rollout.replicas.shard_bounds`), generated concurrently and joined.
         """
         runs = group_runs(prompts, self.num_generations)
         replicas = list(self.sync.ready)

@@ -1,7 +1,7 @@
 """GRPO policy-loss variants as pure tensor functions.
 
 Every variant maps per-token log-probabilities to a per-token loss; an aggregation then reduces it to the
-scalar that is back-propagated. Nothing here touches a model or a trainer: `variant_trainer` computes the
+scalar that is back-propagated. Nothing here touches a model or a trainer: `variant_loss` computes the
 inputs with TRL's own forward pass and calls these functions, and the unit tests call them on plain tensors.
 
 Shapes and symbols used throughout (B = completions in the micro-batch, T = padded completion length):
@@ -15,8 +15,9 @@ Shapes and symbols used throughout (B = completions in the micro-batch, T = padd
 
 Variant functions return a `PolicyLoss` (per-token loss ℓ, the unclamped ratio r for the bias-corrected KL and
 the clip metrics, optionally a replacement aggregation mask and per-sequence weights). `aggregate` applies the
-variant's `Aggregation`. The TRL-native variants reproduce TRL 1.16 `GRPOTrainer._compute_loss` operation by
-operation (the parity tests compare them to TRL to 1e-6); `two_sided`, `rft` and `gpg` are the extra variants.
+variant's `Aggregation` (catalog: `trainer_service.config.variants`). The TRL-native variants reproduce TRL
+1.16 `GRPOTrainer._compute_loss` operation by operation (the parity tests compare them to TRL to 1e-6);
+`two_sided`, `rft` and `gpg` are the extra variants.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import NamedTuple
 
 import torch
+
+from trainer_service.config.variants import VARIANT_SPECS, Aggregation
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
@@ -71,24 +73,6 @@ class PolicyLoss(NamedTuple):
     ratio: torch.Tensor
     aggregation_mask: torch.Tensor | None = None
     sequence_weights: torch.Tensor | None = None
-
-
-class Aggregation(StrEnum):
-    """How the per-token loss ℓ becomes a scalar (before gradient-accumulation scaling).
-
-    SEQUENCE_MEAN  mean_i [Σ_t M ℓ / max(Σ_t M, 1)]            grpo, sapo, gspo (each sequence weighs 1)
-    TOKEN_MEAN     Σ M ℓ / max(Σ M, 1) over the micro-batch    bnpo, rft
-    FIXED_LENGTH   Σ M ℓ / (B · max_completion_length)         dr_grpo (no length bias)
-    GLOBAL_TOKEN   Σ M ℓ / N                                   dapo, cispo, vespo, two_sided, gpg
-                   (N = active tokens of the accumulation window on this process)
-    SEQUENCE_SUM   mean_i [Σ_t M ℓ]                            luspo (length-weighted sequence objective)
-    """
-
-    SEQUENCE_MEAN = "sequence_mean"
-    TOKEN_MEAN = "token_mean"
-    FIXED_LENGTH = "fixed_length"
-    GLOBAL_TOKEN = "global_token"
-    SEQUENCE_SUM = "sequence_sum"
 
 
 def as_column(advantages: torch.Tensor) -> torch.Tensor:
@@ -239,7 +223,7 @@ def two_sided(
     mask: torch.Tensor,
     params: LossParams,
 ) -> PolicyLoss:
-    """Symmetric clip with the seed's δ semantics (`grpo_delta` ∈ (0, 1]), token-level ratio.
+    """Symmetric clip with soup-cli's δ semantics (`grpo_delta` ∈ (0, 1]), token-level ratio.
 
         r = exp(ℓ_θ − ℓ_old);   ℓ = −min(r·A, clip(r, 1 − δ, 1 + δ)·A)
 
@@ -391,85 +375,21 @@ def aggregate(
 PolicyTerm = Callable[..., PolicyLoss]
 
 
-@dataclass(frozen=True)
-class VariantSpec:
-    """A selectable loss variant.
-
-    policy_term: the function computing ℓ. aggregation: how ℓ is reduced. trl_loss_type: the
-    `GRPOConfig.loss_type` that names the same objective in TRL (for the extra variants, the TRL type whose
-    aggregation and warnings are closest; TRL's own loss never runs for them). importance_sampling_level: the
-    level the variant requires, or None when both work (taken from the config). delta_role: what `grpo_delta`
-    means for it ("cap" = TRL/INTELLECT-2 upper cap > 1 + ε_high, "half_width" = two_sided's δ ∈ (0, 1], None
-    = not accepted). clip_metrics: "ppo" (TRL's clip_ratio/*), "cispo" (cispo_clip_ratio) or None.
-    folds_rollout_is_ratio: the policy term consumes the rollout IS ratio itself instead of having the loss
-    multiplied by it.
-    """
-
-    policy_term: PolicyTerm
-    aggregation: Aggregation
-    trl_loss_type: str
-    importance_sampling_level: str | None
-    delta_role: str | None
-    clip_metrics: str | None
-    description: str
-    trl_native: bool = True
-    folds_rollout_is_ratio: bool = False
-
-
-VARIANT_SPECS: dict[str, VariantSpec] = {
-    "grpo": VariantSpec(
-        clipped_surrogate, Aggregation.SEQUENCE_MEAN, "grpo", None, "cap", "ppo",
-        "GRPO (arXiv:2402.03300): clipped surrogate, per-sequence length-normalised mean",
-    ),
-    "dr_grpo": VariantSpec(
-        clipped_surrogate, Aggregation.FIXED_LENGTH, "dr_grpo", None, "cap", "ppo",
-        "Dr. GRPO, 'GRPO done right' (arXiv:2503.20783): clipped surrogate, Σ/(B·max_completion_length)",
-    ),
-    "dapo": VariantSpec(
-        clipped_surrogate, Aggregation.GLOBAL_TOKEN, "dapo", None, "cap", "ppo",
-        "DAPO (arXiv:2503.14476): clipped surrogate (clip-higher via epsilon_high), global token mean",
-    ),
-    "bnpo": VariantSpec(
-        clipped_surrogate, Aggregation.TOKEN_MEAN, "bnpo", None, "cap", "ppo",
-        "bnpo (TRL): clipped surrogate, micro-batch token mean (= grpo when one completion per micro-batch)",
-    ),
-    "luspo": VariantSpec(
-        clipped_surrogate, Aggregation.SEQUENCE_SUM, "luspo", "sequence", "cap", "ppo",
-        "LUSPO (arXiv:2602.05261): sequence-level clipped surrogate weighted by length, mean over sequences",
-    ),
-    "gspo": VariantSpec(
-        clipped_surrogate, Aggregation.SEQUENCE_MEAN, "grpo", "sequence", "cap", "ppo",
-        "GSPO (arXiv:2507.18071): sequence-level geometric-mean ratio, clipped, per-sequence mean",
-    ),
-    "cispo": VariantSpec(
-        cispo, Aggregation.GLOBAL_TOKEN, "cispo", None, None, "cispo",
-        "CISPO (arXiv:2506.13585): stop-grad clipped IS weight × A × logp, global token mean",
-    ),
-    "sapo": VariantSpec(
-        sapo, Aggregation.SEQUENCE_MEAN, "sapo", None, None, None,
-        "SAPO (arXiv:2511.20347): sigmoid-gated soft clip, per-sequence mean",
-    ),
-    "vespo": VariantSpec(
-        vespo, Aggregation.GLOBAL_TOKEN, "vespo", "token", None, None,
-        "VESPO: gamma-weighted sequence-level REINFORCE, global token mean",
-        folds_rollout_is_ratio=True,
-    ),
-    "two_sided": VariantSpec(
-        two_sided, Aggregation.GLOBAL_TOKEN, "dapo", "token", "half_width", "ppo",
-        "two-sided: symmetric clip [1−δ, 1+δ] (grpo_delta ∈ (0, 1]), global token mean",
-        trl_native=False,
-    ),
-    "rft": VariantSpec(
-        rft, Aggregation.TOKEN_MEAN, "bnpo", "token", None, None,
-        "RFT (arXiv:2308.01825): NLL on positive-advantage completions, token mean over them",
-        trl_native=False,
-    ),
-    "gpg": VariantSpec(
-        gpg, Aggregation.GLOBAL_TOKEN, "dapo", "token", None, None,
-        "GPG (arXiv:2504.02546): plain group policy gradient −α·A·logp, no clip, global token mean",
-        trl_native=False,
-    ),
-}  # fmt: skip
+# The policy term of each variant of `config.variants.VARIANT_SPECS`.
+POLICY_TERMS: dict[str, PolicyTerm] = {
+    "grpo": clipped_surrogate,
+    "dr_grpo": clipped_surrogate,
+    "dapo": clipped_surrogate,
+    "bnpo": clipped_surrogate,
+    "luspo": clipped_surrogate,
+    "gspo": clipped_surrogate,
+    "cispo": cispo,
+    "sapo": sapo,
+    "vespo": vespo,
+    "two_sided": two_sided,
+    "rft": rft,
+    "gpg": gpg,
+}
 
 
 def scaled_by_caller(aggregation: Aggregation) -> bool:
@@ -490,9 +410,9 @@ def policy_loss(
 ) -> PolicyLoss:
     """Run `variant`'s policy term; vespo folds `importance_sampling_ratio` into its weight, the others ignore
     it here (the trainer multiplies their loss by it)."""
-    spec = VARIANT_SPECS[variant]
-    if spec.folds_rollout_is_ratio:
-        return spec.policy_term(
+    term = POLICY_TERMS[variant]
+    if VARIANT_SPECS[variant].folds_rollout_is_ratio:
+        return term(
             per_token_logps,
             old_per_token_logps,
             advantages,
@@ -500,31 +420,4 @@ def policy_loss(
             params,
             importance_sampling_ratio=importance_sampling_ratio,
         )
-    return spec.policy_term(per_token_logps, old_per_token_logps, advantages, mask, params)
-
-
-def variant_loss(
-    variant: str,
-    per_token_logps: torch.Tensor,
-    old_per_token_logps: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    params: LossParams,
-    *,
-    max_completion_length: int | None = None,
-    num_tokens: torch.Tensor | float | None = None,
-) -> torch.Tensor:
-    """Scalar policy loss of `variant` on one micro-batch: policy term + its aggregation (no KL, no rollout IS
-    correction, no gradient-accumulation scaling). For GLOBAL_TOKEN variants N defaults to Σ M."""
-    spec = VARIANT_SPECS[variant]
-    out = policy_loss(variant, per_token_logps, old_per_token_logps, advantages, mask, params)
-    agg_mask = mask if out.aggregation_mask is None else out.aggregation_mask
-    if spec.aggregation is Aggregation.GLOBAL_TOKEN and num_tokens is None:
-        num_tokens = mask.sum().clamp(min=1.0)
-    return aggregate(
-        out.per_token_loss,
-        agg_mask,
-        spec.aggregation,
-        max_completion_length=max_completion_length,
-        num_tokens=num_tokens,
-    )
+    return term(per_token_logps, old_per_token_logps, advantages, mask, params)

@@ -14,7 +14,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from trainer_service.events import JobEvent
+from trainer_service.core.types import JobEvent
 
 
 def _fmt(value: float | None) -> str:

@@ -1,9 +1,9 @@
-"""Entry point of a run's worker process (started with ``spawn`` by :mod:`trainer_service.runs`).
+"""Entry point of a run's worker process (started with ``spawn`` by :mod:`trainer_service.core.runs`).
 
-The worker parses the config again, runs :func:`trainer_service.job.run_job` and reports every event on a
-multiprocessing queue. Its last event always has an ended state: COMPLETED, STOPPED, or FAILED with the error.
-A crash that kills the process outright (segfault, OOM kill) is noticed by the run manager instead, which
-then reports the tail of the worker's log (its stdout and stderr, ``<output>/worker.log``).
+The worker parses the config again, runs :func:`trainer_service.training.job.run_job` and reports every event
+on a multiprocessing queue. Its last event always has an ended state: COMPLETED, STOPPED, or FAILED with the
+error. A crash that kills the process outright (segfault, OOM kill) is noticed by the run manager instead,
+which then reports the tail of the worker's log (its stdout and stderr, ``<output>/worker.log``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from trainer_service.config import parse_config
-from trainer_service.events import JobEvent, RunState
-from trainer_service.job import run_job
+from trainer_service.config.run_config import parse_config
+from trainer_service.core.types import JobEvent, RunState
+from trainer_service.training.job import run_job
 
 log = logging.getLogger(__name__)
 

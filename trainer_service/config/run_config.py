@@ -1,6 +1,6 @@
 """Training-run configuration: the YAML a user writes, validated with pydantic.
 
-Key names follow the seed trainer (``base``, ``output``, ``data.train``, ``training.lr``,
+Key names follow soup-cli's GRPO trainer (``base``, ``output``, ``data.train``, ``training.lr``,
 ``training.reward_fn``, ``training.lora.r`` ...) plus a ``services`` block with the reward and rollout
 addresses. Every model forbids unknown keys, and every error names the dotted key it is about
 (``training.lora.r: ...``).
@@ -38,8 +38,8 @@ from pydantic import (
     model_validator,
 )
 
-from trainer_service.replicas import parse_target
-from trainer_service.variant_trainer import VariantConfigError, validate_variant_params
+from trainer_service.config.rollout_targets import parse_target
+from trainer_service.config.variants import VariantConfigError, validate_variant_params
 
 
 class ConfigError(ValueError):
@@ -59,13 +59,13 @@ class DataConfig(_Strict):
 
     ``train``/``eval``: a local JSONL, JSON or Parquet file, or a directory written by
     ``datasets.Dataset.save_to_disk`` (a ``DatasetDict`` directory takes its ``train``/``test`` split).
-    ``format``: ``auto`` detects per row; the others force one of the seed's layouts.
+    ``format``: ``auto`` detects per row; the others force one of soup-cli's layouts.
     """
 
     train: str
     eval: str | None = None
     format: Literal["auto", "messages", "prompt", "dpo", "alpaca"] = "auto"
-    # Longest prompt + completion in tokens, as in the seed; also the default completion length.
+    # Longest prompt + completion in tokens, as in soup-cli; also the default completion length.
     max_length: int = Field(default=512, ge=8)
     # Prompts longer than this many tokens are rejected by the data check (None = no limit).
     max_prompt_length: int | None = Field(default=None, ge=1)
@@ -104,7 +104,7 @@ class TrainingConfig(_Strict):
     # Completions per prompt (the group size G); G >= 2 or group advantages are all zero.
     num_generations: int = Field(default=4, ge=2)
     grpo_beta: float = Field(default=0.0, ge=0.0)  # KL coefficient β
-    # Loss variant by name (see trainer_service.variant_trainer); "standard" = TRL's default loss.
+    # Loss variant by name (see trainer_service.config.variants); "standard" = TRL's default loss.
     grpo_variant: str = "standard"
     grpo_delta: float | None = Field(default=None, gt=0)
     grpo_epsilon: float = Field(default=0.2, gt=0)
@@ -121,7 +121,7 @@ class TrainingConfig(_Strict):
     reward_fn: str = "accuracy"
     # Per-reward parameters, by reward name: {"length": {"max_len": 64}}.
     reward_params: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    # Name of a PRM loaded on the reward service; when set it REPLACES reward_fn (as in the seed).
+    # Name of a PRM loaded on the reward service; when set it REPLACES reward_fn (as in soup-cli).
     prm_reward: str | None = None
     prm_aggregate: Literal["min", "prod", "last", "mean"] = "min"
     lora: LoraConfig = Field(default_factory=LoraConfig)
@@ -146,11 +146,11 @@ class TrainingConfig(_Strict):
     # Rollout importance-sampling correction (ratio of trainer to sampler log-probs): "on", "off" (sync mode
     # only), or "auto" = on in async mode, with weight sync off, a vLLM engine or a bf16/fp16 trainer;
     # otherwise (sync, fp32 HF engine: exactly on-policy) skipped while a check on the first and every 50th
-    # batch finds the ratio within 1 ± 1e-3 (trainer_service.variant_trainer, docs/trainer.md).
+    # batch finds the ratio within 1 ± 1e-3 (trainer_service.training.importance_sampling, docs/trainer.md).
     importance_sampling: Literal["auto", "on", "off"] = "auto"
     # torch threads of the trainer process on CPU; None = torch's default (one per core), except in async mode
     # with the rollout service on this machine (loopback), where trainer and rollout split the cores while it
-    # generates and the trainer borrows them all once it is done (trainer_service.core_borrowing).
+    # generates and the trainer borrows them all once it is done (trainer_service.rollout.core_borrowing).
     cpu_threads: int | None = Field(default=None, ge=1)
     # Push weights to the rollout service after each optimizer step (turn off only to prove it matters).
     weight_sync: bool = True
@@ -219,7 +219,7 @@ class ServicesConfig(_Strict):
     ``rollout``: one address or a YAML list of them, each ``HOST:PORT`` (one replica) or ``dns:///NAME:PORT``
     (every address the name resolves to, resolved again at every step: a Kubernetes headless Service); read
     as a list. Every replica gets every weight version and a share of each generation
-    (:mod:`trainer_service.replicas`). Unset: one local rollout process.
+    (:mod:`trainer_service.rollout.replicas`). Unset: one local rollout process.
     """
 
     reward: str | None = None

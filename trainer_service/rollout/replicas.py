@@ -32,32 +32,15 @@ from typing import Any, TypeVar
 
 from grpo_runtime.client import ChannelConfig
 from rollout_service.client import RolloutClient
+from trainer_service.config.rollout_targets import parse_target
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-DNS_PREFIX = "dns:///"
-# gRPC URI schemes other than dns: one channel, one replica (ipv4:/ipv6: lists are refused below).
-PASS_THROUGH_SCHEMES = ("unix:", "unix-abstract:", "vsock:", "ipv4:", "ipv6:")
-
 
 class RolloutUnavailable(RuntimeError):
     """A rollout replica could not be reached (down, restarting, or no replica at all); retry later."""
-
-
-@dataclass(frozen=True)
-class RolloutTarget:
-    """One parsed ``services.rollout`` entry: a DNS name to resolve (``dns_name``/``port``) or a fixed one."""
-
-    text: str
-    dns_name: str | None = None
-    port: int | None = None
-
-    @property
-    def dynamic(self) -> bool:
-        """True when the replicas behind it change with DNS answers."""
-        return self.dns_name is not None
 
 
 @dataclass(frozen=True)
@@ -66,40 +49,6 @@ class ReplicaAddress:
 
     address: str
     server_name: str | None = None
-
-
-def _port(text: str, entry: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise ValueError(f"{entry!r} needs a port between 1 and 65535 after the last ':'")
-    return int(text)
-
-
-def parse_target(text: str) -> RolloutTarget:
-    """Validate one ``services.rollout`` entry; ValueError says what is wrong with it."""
-    if not isinstance(text, str) or not text:
-        raise ValueError("must be a non-empty address (HOST:PORT or dns:///NAME:PORT)")
-    if text != text.strip() or any(c.isspace() for c in text):
-        raise ValueError(f"{text!r} contains white space")
-    if "," in text:
-        raise ValueError(f"{text!r} lists several addresses in one string; give a YAML list instead")
-    if text.startswith("dns:"):
-        if not text.startswith(DNS_PREFIX):
-            raise ValueError(
-                f"{text!r}: use dns:///NAME:PORT (three slashes; the system resolver, no DNS authority)"
-            )
-        host, sep, port = text.removeprefix(DNS_PREFIX).rpartition(":")
-        if not sep or not host:
-            raise ValueError(f"{text!r} needs NAME:PORT after dns:///")
-        return RolloutTarget(text=text, dns_name=host.strip("[]"), port=_port(port, text))
-    if text.startswith(PASS_THROUGH_SCHEMES):
-        return RolloutTarget(text=text)
-    host, sep, port = text.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"{text!r} is not HOST:PORT (or dns:///NAME:PORT)")
-    if ":" in host and not (host.startswith("[") and host.endswith("]")):
-        raise ValueError(f"{text!r}: write an IPv6 address in brackets, [ADDRESS]:PORT")
-    _port(port, text)
-    return RolloutTarget(text=text)
 
 
 def _format(ip: str, port: int) -> str:
@@ -231,13 +180,7 @@ class RolloutReplicas:
         self.channel = channel
         self._clients: dict[str, RolloutClient] = {}
         self._retired: dict[str, RolloutClient] = {}
-        self._members: list[ReplicaAddress] = []
         self._lock = threading.Lock()
-
-    @property
-    def members(self) -> list[ReplicaAddress]:
-        """The members as of the last refresh/adopt."""
-        return list(self._members)
 
     def resolve(self) -> list[ReplicaAddress]:
         """The replicas the targets name now (DNS resolved again)."""
@@ -263,7 +206,6 @@ class RolloutReplicas:
             for address in self._retired:
                 log.info("rollout replica %s left the membership", address)
             self._clients = clients
-            self._members = members
         for client in stale.values():
             client.close()
         return members
@@ -285,6 +227,6 @@ class RolloutReplicas:
     def close(self) -> None:
         with self._lock:
             clients = [*self._clients.values(), *self._retired.values()]
-            self._clients, self._retired, self._members = {}, {}, []
+            self._clients, self._retired = {}, {}
         for client in clients:
             client.close()

@@ -1,6 +1,6 @@
 """Trainer callbacks of a run: metrics.jsonl + events, and stopping at a step boundary.
 
-The weight push lives in :mod:`trainer_service.weight_sync`; these callbacks only observe and steer.
+The weight push lives in :mod:`trainer_service.rollout.weight_sync`; these callbacks only observe and steer.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import matplotlib
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from trainer_service.events import EventSink, JobEvent, RunState
+from trainer_service.core.types import EventSink, JobEvent, RunState
 
 # Draw without a display (servers, CI); must be set before pyplot is imported.
 matplotlib.use("Agg")

@@ -3,16 +3,16 @@
 Versions: the trainer owns a counter. Each push sends the weights with ``version = last + 1`` to every replica
 (the first push of a run, and a push to a replica whose version is unknown, uses the highest version the
 replicas report + 1, because a replica only accepts increasing versions), and every completion of the next
-generation must carry exactly that version (checked in :mod:`trainer_service.rollout`). Without sleep mode the
-trainer pushes once at the start of training (initial or resumed weights) and after every optimizer step, so
-``policy_version = version_at_start + global_step`` and generation for step k+1 always sees the weights of
-step k. Async rollout streams the push after an optimizer step from a thread
+generation must carry exactly that version (checked in :mod:`~trainer_service.rollout.service_rollout`).
+Without sleep mode the trainer pushes once at the start of training (initial or resumed weights) and after
+every optimizer step, so ``policy_version = version_at_start + global_step`` and generation for step k+1
+always sees the weights of step k. Async rollout streams the push after an optimizer step from a thread
 (:meth:`WeightSync.push_in_background`): the version is given at once, and whatever needs the replicas to
 serve it, or the tensors to stay unchanged, waits for the stream first.
 
-Replicas (:mod:`trainer_service.replicas`): the membership is resolved again before every push and every
-generation (``dns:///`` targets follow the pods a headless Service lists). A push goes to every member at
-once, one thread per replica, and returns when all have answered. Before each generation every member's
+Replicas (:mod:`~trainer_service.rollout.replicas`): the membership is resolved again before every push and
+every generation (``dns:///`` targets follow the pods a headless Service lists). A push goes to every member
+at once, one thread per replica, and returns when all have answered. Before each generation every member's
 ``GetStatus`` is read: a member that is new, restarted (behind the trainer's version) or lost its weights
 (``weights_valid`` false) makes the trainer push its current weights to every member under a new version, so
 all replicas always serve the same version, and the step generates only when all of them have it. A listed
@@ -51,7 +51,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer_callback import ExportableState
 
 from rollout_service.core.payload import encode
-from trainer_service.replicas import ReplicaAddress, RolloutReplicas, RolloutUnavailable, settle
+from trainer_service.rollout.replicas import ReplicaAddress, RolloutReplicas, RolloutUnavailable, settle
 
 log = logging.getLogger(__name__)
 
@@ -293,11 +293,13 @@ class WeightSync:
             )
         return next(iter(versions.values())), members
 
-    def _service_version(self, trainer: Any) -> int:
-        """The version the replicas serve now (read by the main process and shared; collective)."""
+    def follow_service_version(self, trainer: Any) -> int:
+        """Weight sync off: make the version the replicas serve now the current one and return it (read by the
+        main process and shared; collective)."""
         version, members = self._on_main(trainer, self._common_version)
         self._set_ready(trainer, members)
-        return int(version)
+        self.current_version = int(version)
+        return self.current_version
 
     # -- pushing --------------------------------------------------------------------------------------------
     def payload(self, trainer: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
@@ -406,7 +408,7 @@ class WeightSync:
     def on_train_begin(self, trainer: Any) -> None:
         """Push the initial (or resumed) weights; with sync off, adopt whatever version the service has."""
         if not self.enabled:
-            self.current_version = self._service_version(trainer)
+            self.follow_service_version(trainer)
         elif not self.sleep_mode:
             self._push_or_defer(self.push, trainer)
         trainer.accelerator.wait_for_everyone()
@@ -447,7 +449,7 @@ class WeightSync:
         if not self.sleep_mode:
             if not self.enabled:
                 # Sync off: the replicas keep whatever they serve; expect their version as it is now.
-                self.current_version = self._service_version(trainer)
+                self.follow_service_version(trainer)
             elif self.push_pending:
                 # Never pushed, or a push that reached no replica.
                 self.push(trainer)
@@ -465,7 +467,7 @@ class WeightSync:
         if self.enabled:
             self.push(trainer)
         elif self.current_version is None:
-            self.current_version = self._service_version(trainer)
+            self.follow_service_version(trainer)
         trainer.accelerator.wait_for_everyone()
         try:
             yield self.current_version

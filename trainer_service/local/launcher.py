@@ -5,13 +5,7 @@ unset, and by tests. Each service is the real ``python -m reward_service`` / ``p
 process; it is ready when its gRPC health check reports SERVING. ``HF_HUB_OFFLINE=1`` is set so nothing is
 downloaded.
 
-CPU threads: torch's OpenMP pool has one thread per core in every process, and a parallel region waits for
-all of its threads. In async rollout the trainer and the rollout service compute at the same time, so on one
-CPU machine 2 × cores threads share the cores and every region stalls on whichever thread is descheduled
-(measured on 2 cores under load: the trainer's forward went from 1.5 s with one thread per process to 6.5 s
-with two). :func:`overlap_threads` splits the cores between the two instead (the trainer takes the rollout's
-share back while no generation runs, :mod:`trainer_service.core_borrowing`); synchronous runs compute one
-process at a time and keep torch's default.
+``rollout_threads`` sizes the rollout service's torch pools (:mod:`trainer_service.rollout.cpu_placement`).
 """
 
 from __future__ import annotations
@@ -55,25 +49,6 @@ def wait_serving(target: str, process: subprocess.Popen | None, timeout_s: float
                 last = error.code().name
             time.sleep(0.2)
     raise TimeoutError(f"{name} at {target} was not SERVING within {timeout_s:.0f} s (last: {last})")
-
-
-def is_loopback(target: str) -> bool:
-    """Whether a ``HOST:PORT`` target is on this machine (127.0.0.0/8, ::1 or localhost)."""
-    host = target.removeprefix("ipv4:").removeprefix("ipv6:").rsplit(":", 1)[0].strip("[]")
-    return host == "localhost" or host == "::1" or host.startswith("127.")
-
-
-def cpu_cores() -> int:
-    """Cores this process may run on (its affinity mask, which containers and taskset narrow)."""
-    return len(os.sched_getaffinity(0))
-
-
-def overlap_threads(cores: int | None = None) -> tuple[int, int]:
-    """(trainer, rollout service) torch threads for a trainer and rollout service that compute at the same
-    time on one CPU machine: the cores split in two, at least one each (2 cores → (1, 1); 16 → (8, 8))."""
-    cores = cpu_cores() if cores is None else cores
-    trainer = max(1, cores // 2)
-    return trainer, max(1, cores - trainer)
 
 
 def thread_env(threads: int | None) -> dict[str, str]:

@@ -1,0 +1,97 @@
+"""Helpers shared by the trainer integration tests: a short run's config, a crash-and-restart event sink."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from trainer_service.core.types import JobEvent
+from trainer_service.local.launcher import ServiceProcess
+
+
+def run_config(
+    tiny_models,
+    train_file: Path,
+    output: Path,
+    reward: str,
+    rollout: str | list[str],
+    *,
+    retry_timeout_s: float | None = None,
+    **training,
+) -> dict:
+    """The run config of a short LoRA GRPO run on the tiny policy (4 completions per step, G = 2) against the
+    given reward and rollout addresses; ``training`` keys override the defaults."""
+    services: dict = {"reward": reward, "rollout": rollout}
+    if retry_timeout_s is not None:
+        services["retry_timeout_s"] = retry_timeout_s
+    return {
+        "base": str(tiny_models["policy"]),
+        "output": str(output),
+        "data": {"train": str(train_file)},
+        "training": {
+            "batch_size": 4,
+            "num_generations": 2,
+            "max_completion_length": 8,
+            "lr": 1e-3,
+            "reward_fn": "accuracy:1.0,repetition_penalty:0.5",
+            "lora": {"r": 4, "alpha": 8},
+            "seed": 7,
+            **training,
+        },
+        "services": services,
+    }
+
+
+class CrashAndRestart:
+    """A ``run_job`` event sink: after step ``after_step`` it SIGKILLs ``service`` and, from a thread, waits
+    ``delay_s`` and calls ``start`` (a new process on the same port), as a crash and a supervisor would.
+
+    ``service``: the running process (the restarted one afterwards); ``killed_at``: when it was killed.
+    """
+
+    def __init__(
+        self,
+        service: ServiceProcess,
+        start: Callable[[], ServiceProcess],
+        *,
+        after_step: int = 2,
+        delay_s: float = 0.0,
+    ) -> None:
+        self.service = service
+        self.start = start
+        self.after_step = after_step
+        self.delay_s = delay_s
+        self.killed_at: float | None = None
+        self.error: Exception | None = None
+        self.restarted = threading.Event()
+
+    def __call__(self, event: JobEvent) -> None:
+        if event.step == self.after_step and event.metrics and self.killed_at is None:
+            self.killed_at = time.monotonic()
+            os.kill(self.service.process.pid, signal.SIGKILL)
+            self.service.process.wait()
+            threading.Thread(target=self._restart, daemon=True).start()
+
+    def _restart(self) -> None:
+        time.sleep(self.delay_s)
+        try:
+            self.service = self.start()
+        except Exception as error:  # reported by check(), with the service log
+            self.error = error
+        self.restarted.set()
+
+    def check(self, timeout_s: float = 300.0) -> None:
+        """Wait for the restart; fail (with the log tail) unless both the kill and the restart happened."""
+        self.restarted.wait(timeout=timeout_s)
+        assert self.killed_at is not None, f"the run never reached step {self.after_step}"
+        assert self.restarted.is_set(), f"no restart within {timeout_s} s"
+        if self.error is not None:
+            log = self.service.log_path
+            tail = log.read_text()[-2000:] if log is not None and log.exists() else "(no log)"
+            pytest.fail(f"restart failed: {self.error}\n{tail}")

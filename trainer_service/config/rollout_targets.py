@@ -1,0 +1,65 @@
+"""``services.rollout`` entries: the syntax of one rollout target, checked without resolving it.
+
+Each entry is
+
+* ``HOST:PORT`` (or ``[IPV6]:PORT``): one replica, always a member;
+* ``dns:///NAME:PORT``: every address ``NAME`` resolves to is a replica (resolved again at every step by
+  :mod:`trainer_service.rollout.replicas`: a Kubernetes headless Service lists its ready pods);
+* ``unix:PATH`` (or another gRPC URI scheme except ``dns:``): one replica, passed to gRPC as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DNS_PREFIX = "dns:///"
+# gRPC URI schemes other than dns: one channel, one replica (ipv4:/ipv6: lists are refused below).
+PASS_THROUGH_SCHEMES = ("unix:", "unix-abstract:", "vsock:", "ipv4:", "ipv6:")
+
+
+@dataclass(frozen=True)
+class RolloutTarget:
+    """One parsed ``services.rollout`` entry: a DNS name to resolve (``dns_name``/``port``) or a fixed one."""
+
+    text: str
+    dns_name: str | None = None
+    port: int | None = None
+
+    @property
+    def dynamic(self) -> bool:
+        """True when the replicas behind it change with DNS answers."""
+        return self.dns_name is not None
+
+
+def _port(text: str, entry: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise ValueError(f"{entry!r} needs a port between 1 and 65535 after the last ':'")
+    return int(text)
+
+
+def parse_target(text: str) -> RolloutTarget:
+    """Validate one ``services.rollout`` entry; ValueError says what is wrong with it."""
+    if not isinstance(text, str) or not text:
+        raise ValueError("must be a non-empty address (HOST:PORT or dns:///NAME:PORT)")
+    if text != text.strip() or any(c.isspace() for c in text):
+        raise ValueError(f"{text!r} contains white space")
+    if "," in text:
+        raise ValueError(f"{text!r} lists several addresses in one string; give a YAML list instead")
+    if text.startswith("dns:"):
+        if not text.startswith(DNS_PREFIX):
+            raise ValueError(
+                f"{text!r}: use dns:///NAME:PORT (three slashes; the system resolver, no DNS authority)"
+            )
+        host, sep, port = text.removeprefix(DNS_PREFIX).rpartition(":")
+        if not sep or not host:
+            raise ValueError(f"{text!r} needs NAME:PORT after dns:///")
+        return RolloutTarget(text=text, dns_name=host.strip("[]"), port=_port(port, text))
+    if text.startswith(PASS_THROUGH_SCHEMES):
+        return RolloutTarget(text=text)
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{text!r} is not HOST:PORT (or dns:///NAME:PORT)")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise ValueError(f"{text!r}: write an IPv6 address in brackets, [ADDRESS]:PORT")
+    _port(port, text)
+    return RolloutTarget(text=text)

@@ -1,0 +1,2 @@
+"""One GRPO training job on ``trl.GRPOTrainer``: builders, the loss variants, importance sampling, data,
+callbacks."""

@@ -1,0 +1,194 @@
+"""What a job builds from its run config: the device and precision, tokenizer, policy model and GRPOConfig.
+
+Precision as soup-cli's GRPO trainer chooses it (seed/grpo.py.txt): bf16 when the GPU supports it, else fp16
+autocast with fp32 weights, fp32 on CPU. 4/8-bit loading goes through bitsandbytes on CUDA only; a PEFT
+LoRA/DoRA/rsLoRA adapter is trained unless ``lora.r`` is 0.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from peft import LoraConfig as PeftLoraConfig
+from peft import TaskType, get_peft_model, prepare_model_for_kbit_training
+from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedTokenizerBase
+from trl import GRPOConfig
+
+from trainer_service.config.run_config import ConfigError, RunConfig
+from trainer_service.config.variants import grpo_config_overrides
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where the trainer computes and in which precision (GRPOConfig ``bf16``/``fp16``; neither = fp32)."""
+
+    type: Literal["cpu", "cuda"]
+    bf16: bool = False
+    fp16: bool = False
+
+    @classmethod
+    def named(cls, type: Literal["cpu", "cuda"]) -> Device:
+        """bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU."""
+        if type != "cuda":
+            return cls(type)
+        if torch.cuda.is_bf16_supported():
+            return cls(type, bf16=True)
+        return cls(type, fp16=True)
+
+    @property
+    def fp32(self) -> bool:
+        return not (self.bf16 or self.fp16)
+
+
+def resolve_device(config: RunConfig) -> Device:
+    """``training.device``, or cuda when available, else cpu."""
+    wanted = config.training.device
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("is 'cuda' but no CUDA device is available", key="training.device")
+    return Device.named(wanted or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def load_tokenizer(config: RunConfig) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(config.base)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(
+            "the tokenizer has no chat template; GRPO prompts are chat messages (add chat_template.jinja)",
+            key="base",
+        )
+    return tokenizer
+
+
+def quantization_config(
+    config: RunConfig, device: Device, compute_dtype: torch.dtype
+) -> BitsAndBytesConfig | None:
+    """bitsandbytes 4-bit (NF4, double quantization) or 8-bit loading; CUDA only."""
+    mode = config.training.quantization
+    if mode == "none":
+        return None
+    if device.type != "cuda":
+        raise ConfigError(
+            f"is {mode!r}, which needs a CUDA GPU (bitsandbytes); this run is on {device.type}; use 'none'",
+            key="training.quantization",
+        )
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ConfigError(
+            f"is {mode!r} but bitsandbytes is not installed (extra `quantization`)",
+            key="training.quantization",
+        )
+    if config.training.lora.r == 0:
+        raise ConfigError(
+            "quantized weights cannot be trained directly; set training.lora.r > 0 (QLoRA)",
+            key="training.quantization",
+        )
+    if mode == "4bit":
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=compute_dtype,
+        )
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
+def build_model(config: RunConfig, device: Device) -> torch.nn.Module:
+    """The policy: base model (optionally quantized) with a PEFT adapter unless ``lora.r`` is 0."""
+    t = config.training
+    # bf16 weights train fine under bf16 autocast; fp16 AMP needs fp32 master weights, as does CPU.
+    dtype = torch.bfloat16 if device.bf16 else torch.float32
+    quant = quantization_config(config, device, torch.bfloat16 if device.bf16 else torch.float16)
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if quant is not None:
+        kwargs["quantization_config"] = quant
+        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
+    model = AutoModelForCausalLM.from_pretrained(config.base, **kwargs)
+    if quant is not None:
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=t.gradient_checkpointing)
+    if t.lora.r == 0:
+        return model
+    adapter = PeftLoraConfig(
+        r=t.lora.r,
+        lora_alpha=t.lora.alpha,
+        lora_dropout=t.lora.dropout,
+        target_modules=t.lora.target_modules,
+        use_dora=t.lora.use_dora,
+        use_rslora=t.lora.use_rslora,
+        bias="none",
+        task_type=TaskType.CAUSAL_LM,
+    )
+    return get_peft_model(model, adapter)
+
+
+def _fsdp_kwargs(config: RunConfig) -> dict[str, Any]:
+    """``training.fsdp_config`` → GRPOConfig ``fsdp`` (sharding strategy string) and ``fsdp_config``."""
+    raw = config.training.fsdp_config
+    if not raw:
+        return {}
+    rest = dict(raw)
+    strategy = rest.pop("fsdp", "full_shard auto_wrap")
+    return {"fsdp": strategy, "fsdp_config": rest}
+
+
+def build_grpo_config(config: RunConfig, device: Device) -> GRPOConfig:
+    """TRL's GRPOConfig from the run config (the variant decides the loss fields)."""
+    t = config.training
+    terms = t.reward_terms
+    weights = [term.weight for term in terms]
+    overrides = grpo_config_overrides(
+        t.grpo_variant,
+        grpo_delta=t.grpo_delta,
+        epsilon=t.grpo_epsilon,
+        epsilon_high=t.grpo_epsilon_high,
+        params=t.variant_params,
+    )
+    return GRPOConfig(
+        output_dir=str(config.output_dir),
+        num_train_epochs=t.epochs,
+        max_steps=t.max_steps,
+        learning_rate=t.lr,
+        lr_scheduler_type=t.lr_scheduler_type,
+        # transformers ≥ 5 reads a float < 1 as a fraction of the training steps.
+        warmup_steps=t.warmup_ratio,
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        optim=t.optim,
+        per_device_train_batch_size=t.batch_size,
+        per_device_eval_batch_size=t.batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        num_generations=t.num_generations,
+        beta=t.grpo_beta,
+        # The trainer recomputes logprobs as log_softmax(logits / temperature): must equal the sampling T.
+        temperature=t.temperature,
+        top_p=t.top_p,
+        top_k=t.top_k or 0,
+        min_p=t.min_p,
+        max_completion_length=config.max_completion_length,
+        reward_weights=weights if any(w != 1.0 for w in weights) else None,
+        logging_steps=t.logging_steps,
+        save_strategy="steps" if t.save_steps else "no",
+        save_steps=t.save_steps or 500,
+        save_total_limit=t.save_total_limit,
+        eval_strategy="steps" if t.eval_steps and config.data.eval else "no",
+        eval_steps=t.eval_steps or None,
+        seed=t.seed,
+        data_seed=t.seed,
+        report_to=t.report_to,
+        # Dataset columns (answer, tests, ...) must reach the reward functions.
+        remove_unused_columns=False,
+        use_cpu=device.type == "cpu",
+        bf16=device.bf16,
+        fp16=device.fp16,
+        gradient_checkpointing=t.gradient_checkpointing,
+        deepspeed=t.deepspeed_config,
+        **_fsdp_kwargs(config),
+        disable_tqdm=True,
+        log_completions=False,
+        # "auto" may still skip it batch by batch (importance_sampling_plan); "off" never computes it.
+        vllm_importance_sampling_correction=t.importance_sampling != "off",
+        **overrides,
+    )

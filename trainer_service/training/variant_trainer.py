@@ -1,0 +1,35 @@
+"""`trl.GRPOTrainer` subclasses that train with one of the loss variants (`VariantLossMixin` + a TRL base)."""
+
+from __future__ import annotations
+
+import functools
+
+from trl import GRPOTrainer
+
+from trainer_service.config.variants import VARIANTS, normalize_variant
+from trainer_service.training.variant_loss import VariantLossMixin
+
+
+@functools.cache
+def _variant_class(name: str, base: type) -> type:
+    cls = type(
+        f"{base.__name__}_{name}",
+        (VariantLossMixin, base),
+        {
+            "grpo_variant": name,
+            "__doc__": f"{base.__name__} training with loss variant {name!r}: {VARIANTS[name]}.",
+            "__module__": __name__,
+        },
+    )
+    return cls
+
+
+def make_variant_trainer(variant: str, base: type = GRPOTrainer) -> type:
+    """The cached `base` subclass that trains with `variant` (case-insensitive; "standard" = "dapo").
+
+    Same constructor as `base`; its `args` must agree with the variant (use `grpo_config_overrides`), else
+    `VariantConfigError` naming the GRPOConfig field.
+    """
+    if not (isinstance(base, type) and issubclass(base, GRPOTrainer)):
+        raise TypeError(f"base must be a trl.GRPOTrainer subclass, got {base!r}")
+    return _variant_class(normalize_variant(variant), base)
