@@ -27,6 +27,7 @@ import collections
 import contextlib
 import logging
 import multiprocessing
+import pickle
 import time
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 _CONTEXT = multiprocessing.get_context("spawn")
 STARTUP_TIMEOUT_S = 120.0
 PIPELINE_DEPTH = 2
+# Jobs larger than this are only written to an idle worker: a socketpair holds at least this much, so a
+# smaller write never blocks the event loop.
+PIPE_BUFFER_BYTES = 32 * 1024
 # A sample whose caller went away (cancelled or expired Score) may finish within this many seconds;
 # after that its worker is killed and replaced rather than left computing for nobody.
 ABANDONED_GRACE_S = 1.0
@@ -51,8 +55,7 @@ class _Abandoned(Exception):
 
 @dataclass
 class _Job:
-    task: tuple[Any, ...]  # what the worker runs, see ``worker._run``
-    key: str  # picks the worker whose caches the job should meet
+    payload: bytes  # the pickled task the worker runs, see ``worker._run``
     deadline_s: float
     result: asyncio.Future[tuple[float | None, str]] = field(repr=False)
 
@@ -106,6 +109,7 @@ class MathVerifyPool:
         self._drivers: list[asyncio.Task[None]] = []
         self._workers: list[_Worker | None] = []
         self._closed = False
+        self._reaping: set[asyncio.Future[None]] = set()
         self.replaced = 0  # workers killed for overrunning or crashing (for tests and metrics)
 
     @property
@@ -125,7 +129,8 @@ class MathVerifyPool:
         log.info("math-verify pool: %d worker processes", len(workers))
 
     async def _new_worker(self) -> _Worker:
-        w = _Worker(self.settings)
+        # Spawning forks this (large) process: seconds on a loaded machine, so not on the event loop.
+        w = await asyncio.to_thread(_Worker, self.settings)
         try:
             if await w.receive(STARTUP_TIMEOUT_S) != "ready":
                 raise RuntimeError("math-verify worker sent an unexpected greeting")
@@ -152,8 +157,7 @@ class MathVerifyPool:
         if self._closed:
             raise RuntimeError("math-verify pool is closed")
         job = _Job(
-            task,
-            key,
+            pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL),
             deadline_s or self.settings.deadline_s,
             asyncio.get_running_loop().create_future(),
         )
@@ -211,6 +215,11 @@ class MathVerifyPool:
             while (
                 len(in_pipe) < PIPELINE_DEPTH and (job := await self._next_job(slot, wait=False)) is not None
             ):
+                if len(job.payload) > PIPE_BUFFER_BYTES:
+                    # Writing it now would block the event loop until the busy worker reads it; it goes
+                    # when the worker is idle (in_pipe empty) and reads as fast as it is written.
+                    self._queues[slot].appendleft(job)
+                    break
                 if not self._send(w, job, in_pipe):
                     break
             head = in_pipe[0]
@@ -241,7 +250,7 @@ class MathVerifyPool:
     def _send(w: _Worker, job: _Job, in_pipe: collections.deque[_Job]) -> bool:
         in_pipe.append(job)
         try:
-            w.conn.send(job.task)
+            w.conn.send_bytes(job.payload)
         except OSError:
             return False
         return True
@@ -251,7 +260,9 @@ class MathVerifyPool:
         w = self._workers[slot]
         self._workers[slot] = None
         if w is not None:
-            w.kill()
+            reaping = asyncio.ensure_future(asyncio.to_thread(w.kill))  # join() blocks: off the loop
+            self._reaping.add(reaping)
+            reaping.add_done_callback(self._reaping.discard)
         self.replaced += 1
         head = in_pipe.popleft()
         if not head.result.done():
@@ -264,7 +275,7 @@ class MathVerifyPool:
         self._closed = True
         for task in self._drivers:
             task.cancel()
-        await asyncio.gather(*self._drivers, return_exceptions=True)
+        await asyncio.gather(*self._drivers, *self._reaping, return_exceptions=True)
         workers = [w for w in self._workers if w is not None]
         for w in workers:
             with contextlib.suppress(Exception):

@@ -27,7 +27,7 @@ def builtin_rewards(
         for r in text_rewards(deadline_s=settings.text_deadline_s, budget_s=settings.text_budget_s)
     }
     rewards: list[Reward] = [
-        Accuracy(pool),
+        Accuracy(pool, deadline_s=settings.text_deadline_s, budget_s=settings.text_budget_s),
         text["format"],
         text["tag_count"],
         text["reasoning_steps"],
