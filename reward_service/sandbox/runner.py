@@ -275,7 +275,11 @@ async def open_runner(settings: SandboxSettings) -> tuple[SandboxRunner | None, 
             proc = "a /proc of its own" if mount_proc else "no /proc (a fresh one was refused here)"
             if reasons:
                 log.warning("code sandbox: %s; running without /proc", reasons[0])
-            status = f"{settings.backend}: namespaces, minimal read-only root, {proc}; {describe(settings)}"
+            kind = "gVisor user-space kernel" if settings.backend == "runsc" else "host kernel"
+            status = (
+                f"{settings.backend} ({kind}): namespaces, no network, minimal read-only root, {proc}; "
+                f"{describe(settings)}"
+            )
             return runner, status
         reasons.append(reason)
     return None, "; ".join(reasons)
