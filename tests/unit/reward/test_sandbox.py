@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -211,3 +214,38 @@ async def test_what_a_program_prints_reaches_the_caller_only_as_an_excerpt(names
     assert result.failure.startswith("exit code 3: xxx")
     assert len(result.failure.encode()) <= SETTINGS.error_excerpt_bytes + len("exit code 3: ")
     assert secret not in result.failure
+
+
+@pytest.fixture
+def bwrap_refusing_proc():
+    """bwrap as inside a Docker container without systempaths=unconfined: mounting a fresh /proc fails
+    (with bwrap's own message); everything else is the real bwrap. In a dir the sandbox's uid can reach."""
+    where = Path(tempfile.mkdtemp(prefix="grpo-bwrap-"))
+    where.chmod(0o755)
+    wrapper = where / "bwrap"
+    wrapper.write_text(
+        '#!/bin/sh\nfor a in "$@"; do\n  if [ "$a" = --proc ]; then\n'
+        '    echo "bwrap: Can\'t mount proc on /newroot/proc: Operation not permitted" >&2; exit 1\n'
+        '  fi\ndone\nexec /usr/bin/bwrap "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    yield str(wrapper)
+    shutil.rmtree(where)
+
+
+async def test_auto_runs_without_proc_where_a_fresh_proc_is_refused(bwrap_refusing_proc):
+    settings = SETTINGS.model_copy(update={"bwrap_path": bwrap_refusing_proc})
+    runner, status = await open_runner(settings)
+    assert runner is not None and not runner.mount_proc, status
+    assert "no /proc" in status
+    result = await runner.run("import os\nprint(sorted(os.listdir('/')))")
+    assert result.stdout.strip() == "['bin', 'dev', 'lib', 'lib64', 'tmp', 'usr']", result
+    refused, reason = await open_runner(settings.model_copy(update={"mount_proc": "true"}))
+    assert refused is None and "Can't mount proc" in reason
+
+
+async def test_auto_mounts_a_fresh_proc_where_allowed(namespaces_available):
+    runner, status = await open_runner(SETTINGS)
+    assert runner is not None and runner.mount_proc and "a /proc of its own" in status
+    result = await runner.run("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
+    assert result.stdout.strip() == "[1, 2]"  # the launcher and the program: nothing of the host
