@@ -58,6 +58,7 @@ async def build_core(settings: RolloutSettings) -> RolloutCore:
         engine.tokenizer,
         catalog,
         max_prompts=settings.max_prompts,
+        max_request_sequences=settings.max_request_sequences,
         max_request_tokens=settings.max_request_tokens,
         max_concurrent_generates=settings.max_concurrent_generates,
         weights_root=settings.weights_root,

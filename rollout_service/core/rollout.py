@@ -47,6 +47,7 @@ class RolloutCore:
         catalog: ParamCatalog,
         *,
         max_prompts: int = 4096,
+        max_request_sequences: int = 16384,
         max_request_tokens: int = 1 << 20,
         max_concurrent_generates: int = 64,
         weights_root: str | Path = ".",
@@ -63,6 +64,7 @@ class RolloutCore:
             engine.max_model_len,
             self.vocab_size,
             max_prompts,
+            max_request_sequences=max_request_sequences,
             max_request_tokens=max_request_tokens,
         )
         self.max_concurrent_generates = max_concurrent_generates

@@ -89,8 +89,9 @@ def validate_sampling(s: SamplingSpec) -> SamplingSpec:
 class RequestValidator:
     """Turns a GenerateRequest into a GenerationJob of token ids, or raises InvalidArgument.
 
-    ``max_model_len``: prompt tokens + ``max_tokens`` may not exceed it. ``max_prompts`` and
-    ``max_request_tokens`` (prompts × n × max_tokens) are the server's limits on one call.
+    ``max_model_len``: prompt tokens + ``max_tokens`` may not exceed it. ``max_prompts``,
+    ``max_request_sequences`` (prompts × n) and ``max_request_tokens`` (prompts × n ×
+    max_tokens) are the server's limits on one call.
     """
 
     tokenizer: PreTrainedTokenizerBase
@@ -98,6 +99,7 @@ class RequestValidator:
     vocab_size: int
     max_prompts: int = 4096
     max_n: int = 1024
+    max_request_sequences: int = 16384
     max_request_tokens: int = 1 << 20
 
     def to_job(self, request: GenerateRequest) -> GenerationJob:
@@ -113,6 +115,13 @@ class RequestValidator:
             raise InvalidArgument(f"must be >= 1, got {request.n}", field="n")
         if request.n > self.max_n:
             raise InvalidArgument(f"must be <= {self.max_n}, got {request.n}", field="n")
+        sequences = len(request.prompts) * request.n
+        if sequences > self.max_request_sequences:
+            raise ResourceExhausted(
+                f"prompts × n = {len(request.prompts)} × {request.n} = {sequences} sequences, more than "
+                f"the limit max_request_sequences = {self.max_request_sequences}",
+                field="n",
+            )
         sampling = validate_sampling(request.sampling)
         budget = len(request.prompts) * request.n * sampling.max_tokens
         if budget > self.max_request_tokens:

@@ -23,6 +23,7 @@ import os
 import random
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +48,7 @@ class _Row:
     """One sequence being sampled."""
 
     job: GenerationJob
+    index: int  # in job.results
     prompt: list[int]
     generator: torch.Generator
     tokens: list[int] = field(default_factory=list)
@@ -106,25 +108,27 @@ class HFEngine(Engine):
 
     # --------------------------------------------------------------- generate
     def generate(self, jobs: list[GenerationJob]) -> None:
-        rows: list[_Row] = []
+        """Rows are made (with their generators) one batch at a time, and rows of a job whose
+        caller went away are never made: a cancelled request stops costing work and memory at
+        once, not after every batch it queued."""
+        for job in jobs:
+            job.results = [RawCompletion([], [], FinishReason.ABORT, "")] * job.num_rows
+        pending = self._live_rows(jobs)
+        while batch := list(itertools.islice(pending, self.max_batch_size)):
+            self._decode(batch)
+            for row in batch:
+                row.job.results[row.index] = RawCompletion(
+                    row.tokens, row.logprobs, row.finish or FinishReason.ABORT, row.text
+                )
+
+    def _live_rows(self, jobs: list[GenerationJob]) -> Iterator[_Row]:
+        """Every sequence still wanted, prompt-major within each job, made on demand."""
         for job in jobs:
             for i, prompt in enumerate(job.prompt_token_ids):
                 for j in range(job.n):
-                    rows.append(_Row(job, prompt, self._generator(job.sampling, i, j)))
-        # Rows of a job whose caller went away are skipped when the next batch is formed, so a
-        # cancelled request stops costing work at once, not after every batch it queued.
-        pending = iter(rows)
-        while batch := list(
-            itertools.islice((r for r in pending if not r.job.cancel.cancelled), self.max_batch_size)
-        ):
-            self._decode(batch)
-        by_job: dict[int, list[RawCompletion]] = {id(job): [] for job in jobs}
-        for row in rows:
-            by_job[id(row.job)].append(
-                RawCompletion(row.tokens, row.logprobs, row.finish or FinishReason.ABORT, row.text)
-            )
-        for job in jobs:
-            job.results = by_job[id(job)]
+                    if job.cancel.cancelled:
+                        break
+                    yield _Row(job, i * job.n + j, prompt, self._generator(job.sampling, i, j))
 
     def _generator(self, sampling: SamplingSpec, prompt_index: int, sample_index: int) -> torch.Generator:
         if sampling.seed is None:

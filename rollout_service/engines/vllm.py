@@ -43,6 +43,7 @@ from vllm import LLM, SamplingParams
 from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind
 
+from grpo_runtime.errors import InvalidArgument
 from rollout_service.core.memory import release_freed_memory
 from rollout_service.core.settings import RolloutSettings
 from rollout_service.core.types import FinishReason, GenerationJob, RawCompletion, SamplingSpec
@@ -236,6 +237,13 @@ class VllmEngine(Engine):
 
     def _apply_lora(self, update: ValidatedUpdate) -> None:
         assert update.lora is not None
+        max_rank = self.settings.vllm.max_lora_rank
+        if update.lora.rank > max_rank:
+            raise InvalidArgument(
+                f"the adapter has rank {update.lora.rank}, this engine takes at most vllm.max_lora_rank = "
+                f"{max_rank}",
+                field="data",
+            )
         if self._base_discarded:
             # After a level-2 sleep on CUDA the base weights are garbage; an adapter alone would
             # serve on top of them, so restore the base first (the latest pushed state, never a
@@ -245,7 +253,11 @@ class VllmEngine(Engine):
         request = LoRARequest(
             lora_name=f"v{update.version}", lora_int_id=update.version, lora_path=str(directory)
         )
-        self.llm.llm_engine.add_lora(request)  # loads it now, so a failure leaves the old one serving
+        try:
+            self.llm.llm_engine.add_lora(request)  # loads it now: a failure leaves the old one serving
+        except ValueError as exc:  # vLLM's word on an adapter it cannot serve (modules, config)
+            shutil.rmtree(directory, ignore_errors=True)
+            raise InvalidArgument(f"vLLM refused the adapter: {exc}", field="adapter_config_json") from exc
         self._drop_lora()
         self._lora = request
         self.llm.reset_prefix_cache()

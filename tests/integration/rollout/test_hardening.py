@@ -137,6 +137,8 @@ def test_limits_are_resource_exhausted_naming_the_limit(server, client, stub):
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_request_tokens" in details
     code, details = rpc_error(lambda: client.generate(PROMPT * 4097, n=1))
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_prompts" in details
+    code, details = rpc_error(lambda: client.generate(PROMPT * 1024, n=1024, sampling={"max_tokens": 1}))
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_request_sequences" in details
 
     calls = [stub.Generate.future(long_request(64), timeout=120) for _ in range(MAX_CONCURRENT)]
     try:

@@ -20,7 +20,12 @@ from rollout_service.core.validation import RequestValidator, check_completions
 def validator(tiny_models) -> RequestValidator:
     tokenizer = AutoTokenizer.from_pretrained(tiny_models["policy"])
     return RequestValidator(
-        tokenizer, max_model_len=64, vocab_size=len(tokenizer), max_prompts=4, max_request_tokens=160
+        tokenizer,
+        max_model_len=64,
+        vocab_size=len(tokenizer),
+        max_prompts=4,
+        max_request_tokens=160,
+        max_request_sequences=20,
     )
 
 
@@ -99,6 +104,7 @@ def test_temperature_bounds_accept_greedy_and_the_safe_range(validator, temperat
     [
         (request(*[TEXT] * 5), "prompts", "max_prompts"),
         (request(TEXT, TEXT, n=9, max_tokens=9), "sampling.max_tokens", "max_request_tokens"),
+        (request(TEXT, TEXT, TEXT, n=7, max_tokens=1), "n", "max_request_sequences"),
     ],
 )
 def test_server_limits_are_resource_exhausted_naming_the_limit(validator, req, field, limit):
