@@ -92,10 +92,11 @@ def _resolve_python(settings: SandboxSettings) -> str:
     return python
 
 
-def _memfd(name: str, data: bytes) -> int:
-    """An anonymous in-memory file holding ``data``, positioned at its start (inheritable)."""
+def memfd_with(name: str, data: bytes) -> int:
+    """An anonymous in-memory file holding ``data``, positioned at its start; the caller closes it."""
     fd = os.memfd_create(name, 0)
-    os.write(fd, data)
+    with os.fdopen(fd, "wb", closefd=False) as f:
+        f.write(data)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
 
@@ -126,7 +127,7 @@ class BwrapBackend:
         return args
 
     def prepare(self, program: bytes, limits: RunLimits) -> Launch:
-        fd = _memfd("sandbox-program", program)
+        fd = memfd_with("sandbox-program", program)
         argv = [
             *self._prefix,
             "--unshare-all",

@@ -27,7 +27,7 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-from reward_service.sandbox.backends import SandboxBackend, SandboxUnavailable, make_backend
+from reward_service.sandbox.backends import SandboxBackend, SandboxUnavailable, make_backend, memfd_with
 from reward_service.sandbox.fair import FairSlots, Lane
 from reward_service.sandbox.limits import RunLimits, describe
 from reward_service.sandbox.settings import SandboxSettings
@@ -151,33 +151,34 @@ class SandboxRunner:
                     f"{s.max_cpu_s_per_request:g})",
                 )
             session.cpu_left_s -= cpu_s  # reserved now, so concurrent runs of the session cannot overdraw
-            result = await self._run(program, stdin, RunLimits.from_settings(s, cpu_s))
+            try:
+                result = await self._run(program, stdin, RunLimits.from_settings(s, cpu_s))
+            except OSError as exc:  # the host could not start a sandbox now (processes, memory, files)
+                log.warning("code sandbox: cannot start a run: %s", exc)
+                result = RunResult("", None, 0.0, failure=f"sandbox could not start: {exc.strerror or exc}")
             session.cpu_left_s += cpu_s - result.cpu_s
             return result
 
     async def _run(self, program: str, stdin: str, limits: RunLimits) -> RunResult:
         launch = self.backend.prepare(program.encode(), limits)
-        stdin_fd = os.memfd_create("sandbox-stdin", 0)
         try:
-            os.write(stdin_fd, stdin.encode())
-            os.lseek(stdin_fd, 0, os.SEEK_SET)
-            start = time.monotonic()
-            proc = subprocess.Popen(
-                launch.argv,
-                stdin=stdin_fd,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env={},
-                cwd="/",
-                start_new_session=True,
-                pass_fds=launch.pass_fds,
-            )
-            os.close(stdin_fd)
-            stdin_fd = -1
+            stdin_fd = memfd_with("sandbox-stdin", stdin.encode())
+            try:
+                start = time.monotonic()
+                proc = subprocess.Popen(
+                    launch.argv,
+                    stdin=stdin_fd,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env={},
+                    cwd="/",
+                    start_new_session=True,
+                    pass_fds=launch.pass_fds,
+                )
+            finally:
+                os.close(stdin_fd)
             return await self._supervise(proc, start, limits)
         finally:
-            if stdin_fd >= 0:
-                os.close(stdin_fd)
             await asyncio.to_thread(launch.cleanup)
 
     @staticmethod

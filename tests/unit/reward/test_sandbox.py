@@ -8,6 +8,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from reward_service.rewards.code import CodeReward, extract_program, same_output
@@ -249,3 +250,25 @@ async def test_auto_mounts_a_fresh_proc_where_allowed(namespaces_available):
     assert runner is not None and runner.mount_proc and "a /proc of its own" in status
     result = await runner.run("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
     assert result.stdout.strip() == "[1, 2]"  # the launcher and the program: nothing of the host
+
+
+async def test_a_cancelled_request_kills_its_runs_and_frees_the_slot(namespaces_available):
+    marker = f"grpo-cancel-{time.monotonic_ns()}"
+    runner = SandboxRunner(SETTINGS.model_copy(update={"concurrency": 1, "wall_timeout_s": 30}))
+    program = (
+        "import os, time\nif os.fork() == 0:\n    os.execv('/usr/bin/python3', "
+        f"['python3', '-c', 'import time; time.sleep(60)', '{marker}'])\ntime.sleep(60)"
+    )
+    task = asyncio.ensure_future(runner.run(program))
+    await asyncio.sleep(1.0)
+    assert _with_marker(marker), "the program did not start"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert _with_marker(marker) == []
+    result = await asyncio.wait_for(runner.run("print(1)"), timeout=10)
+    assert result.stdout == "1\n"
+
+
+def _with_marker(marker: str) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
