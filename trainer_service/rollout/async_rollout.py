@@ -40,7 +40,6 @@ sleeping engine cannot generate during the optimizer step.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections import deque
@@ -53,14 +52,9 @@ from torch.utils.data import Sampler
 
 from trainer_service.rollout.core_borrowing import CoreBorrowing
 from trainer_service.rollout.replicas import RolloutUnavailable
-from trainer_service.rollout.service_rollout import ServiceRollout
+from trainer_service.rollout.service_rollout import ServiceRollout, prompt_key
 
 log = logging.getLogger(__name__)
-
-
-def prompt_key(prompt: Any) -> str:
-    """A hashable, order-stable identity of one prompt (message list or string)."""
-    return json.dumps(prompt, sort_keys=True, default=str)
 
 
 class RecordingSampler(Sampler):

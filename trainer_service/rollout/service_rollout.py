@@ -89,6 +89,11 @@ class SamplingConfig:
         return SamplingConfig(**{**self.__dict__, "seed": self.seed + 1_000_003 * step + call})
 
 
+def prompt_key(prompt: Any) -> str:
+    """A hashable, order-stable identity of one prompt (message list or string); equal prompts, equal keys."""
+    return json.dumps(prompt, sort_keys=True, default=str)
+
+
 def group_runs(prompts: Sequence[Any], max_group: int) -> list[tuple[Any, int]]:
     """Collapse consecutive equal prompts into ``(prompt, count)`` runs of at most ``max_group``.
 
@@ -98,7 +103,7 @@ def group_runs(prompts: Sequence[Any], max_group: int) -> list[tuple[Any, int]]:
     runs: list[tuple[Any, int]] = []
     previous_key = None
     for prompt in prompts:
-        key = json.dumps(prompt, sort_keys=True)
+        key = prompt_key(prompt)
         if runs and key == previous_key and runs[-1][1] < max_group:
             runs[-1] = (runs[-1][0], runs[-1][1] + 1)
         else:

@@ -6,8 +6,8 @@
    :mod:`trainer_service.local.launcher`;
 2. data: train/eval splits converted to GRPO rows, reward metadata checked before any generation;
 3. model, tokenizer and GRPOConfig (:mod:`trainer_service.training.builders`);
-4. rewards: one TRL reward function per ``reward_fn`` term, each scored by the reward service, weights as
-   TRL ``reward_weights``;
+4. rewards: one TRL reward function per ``reward_fn`` term, all terms scored by one reward-service call per
+   batch (:mod:`trainer_service.training.rewards`), weights as TRL ``reward_weights``;
 5. trainer: the loss-variant subclass of ``GRPOTrainer`` with ``rollout_func`` = the rollout service and
    callbacks for weight sync, metrics.jsonl/events and stop requests;
 6. outputs in ``output/experiment_name``: ``metrics.jsonl``, ``checkpoint-N/`` every ``save_steps`` (adapter,
@@ -71,6 +71,7 @@ from trainer_service.training.callbacks import (
 )
 from trainer_service.training.data import REWARD_METADATA, check_prompt_lengths, read_split, to_dataset
 from trainer_service.training.importance_sampling import ImportanceSamplingPlan, resolve_importance_sampling
+from trainer_service.training.rewards import BatchScorer
 from trainer_service.training.variant_trainer import make_variant_trainer
 
 REWARD_CURVE_FILE = "reward_curve.png"
@@ -302,7 +303,7 @@ def _train(
     args = build_grpo_config(config, settings.device)
     model = build_model(config, settings.device)
 
-    reward_funcs = [reward_client.as_reward_func((term.name, 1.0, term.params)) for term in terms]
+    reward_funcs = BatchScorer(reward_client, terms).reward_funcs()
 
     replicas = RolloutReplicas(endpoints.rollout_targets, endpoints.rollout)
     stack.callback(replicas.close)

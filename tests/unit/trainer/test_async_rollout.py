@@ -17,11 +17,10 @@ from trainer_service.rollout.async_rollout import (
     AsyncServiceRollout,
     RecordingSampler,
     judge_staleness,
-    prompt_key,
 )
 from trainer_service.rollout.core_borrowing import CoreBorrowing
 from trainer_service.rollout.replicas import RolloutUnavailable
-from trainer_service.rollout.service_rollout import SamplingConfig, ServiceRollout
+from trainer_service.rollout.service_rollout import SamplingConfig, ServiceRollout, prompt_key
 from trainer_service.rollout.weight_sync import WeightSync
 from trainer_service.training.job import run_job
 

@@ -1,0 +1,56 @@
+"""The run's reward functions against a real reward service: one Score call per batch for every term, with the
+same values as one call per term."""
+
+from __future__ import annotations
+
+from reward_service.client import RewardClient
+from reward_service.server import build
+from reward_service.settings import load_settings
+from tests.support.server_thread import server_thread
+from trainer_service.config.run_config import RewardTerm
+from trainer_service.training.rewards import BatchScorer
+
+TERMS = [RewardTerm(name="accuracy"), RewardTerm(name="repetition_penalty", weight=0.5)]
+
+
+def batch(answers: list[str]) -> dict:
+    """A TRL batch of two groups (G = 2), as TRL hands it to every reward function."""
+    questions = ["What is 1 + 1?"] * 2 + ["What is 2 + 2?"] * 2
+    return {
+        "prompts": [[{"role": "user", "content": question}] for question in questions],
+        "completions": [[{"role": "assistant", "content": text}] for text in answers],
+        "completion_ids": None,
+        "answer": ["2", "2", "4", "4"],
+    }
+
+
+def score_calls(server) -> float:
+    return sum(
+        sample.value
+        for family in server.metrics.registry.collect()
+        if family.name == "grpo_rpc_requests"
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels.get("method") == "Score"
+    )
+
+
+def test_one_score_call_per_batch_gives_each_term_its_own_values():
+    with server_thread(lambda: build(load_settings({}))) as server, RewardClient(server.address) as client:
+        functions = BatchScorer(client, TERMS).reward_funcs()
+        assert [f.__name__ for f in functions] == ["accuracy", "repetition_penalty"]
+        first = batch([r"\boxed{2}", r"the the the the the \boxed{3}", r"\boxed{4}", "four"])
+        values = {f.__name__: f(**first) for f in functions}
+        assert score_calls(server) == 1
+        second = batch([r"\boxed{3}", r"\boxed{2}", r"\boxed{4}", r"\boxed{4}"])
+        later = {f.__name__: f(**second) for f in functions}
+        assert score_calls(server) == 2
+
+        # What one Score call per term (weight 1, TRL applies reward_weights) gives for the same batches.
+        for term in TERMS:
+            alone = client.as_reward_func((term.name, 1.0, term.params))
+            assert alone(**first) == values[term.name]
+            assert alone(**second) == later[term.name]
+        assert values["accuracy"] == [1.0, 0.0, 1.0, 0.0]
+        assert later["accuracy"] == [0.0, 1.0, 1.0, 1.0]
+        assert values["repetition_penalty"][0] == 0.0  # nothing repeated
+        assert values["repetition_penalty"][1] < 0.0

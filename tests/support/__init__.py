@@ -1,0 +1,1 @@
+"""Helpers shared by test folders of several services (imported, unlike conftest.py fixtures)."""

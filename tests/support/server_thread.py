@@ -1,0 +1,53 @@
+"""A service's gRPC server on its own event loop in a background thread, for tests that call it with blocking
+clients (RewardClient and RolloutClient block, as TRL calls them) from the test's thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from grpo_runtime.config import ServerConfig
+from grpo_runtime.server import Cleanup, GrpcServer, ServiceBinding
+
+Build = Callable[[], Awaitable[tuple[list[ServiceBinding], Cleanup]]]
+
+
+@contextmanager
+def server_thread(build: Build, *, startup_timeout_s: float = 120.0) -> Iterator[GrpcServer]:
+    """Serve what ``build()`` returns (a service's ``server.build(settings)``) on 127.0.0.1, a free port; stop
+    it (and run its cleanup) on exit."""
+    loop = asyncio.new_event_loop()
+    started: dict[str, Any] = {}
+    ready = threading.Event()
+    stop: asyncio.Event | None = None
+
+    async def main() -> None:
+        nonlocal stop
+        stop = asyncio.Event()
+        try:
+            bindings, cleanup = await build()
+            config = ServerConfig(host="127.0.0.1", port=0, grace_period_s=1)
+            async with GrpcServer(config, bindings, on_shutdown=cleanup) as server:
+                started["server"] = server
+                ready.set()
+                await stop.wait()
+        except BaseException as exc:
+            started["error"] = exc
+            ready.set()
+            raise
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
+    thread.start()
+    if not ready.wait(startup_timeout_s):
+        raise TimeoutError(f"the server did not start within {startup_timeout_s:.0f} s")
+    if "error" in started:
+        raise started["error"]
+    try:
+        yield started["server"]
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(30)
+        loop.close()
