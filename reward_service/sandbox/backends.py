@@ -3,9 +3,9 @@ starts it, feeds stdin, reads the output and kills and reaps it.
 
 ``bwrap`` (bubblewrap): fresh user, PID, network, IPC, UTS and cgroup namespaces; a root holding only the
 interpreter's install tree (read-only), a size-limited private ``/tmp``, a read-only ``/dev`` with the basic
-devices, and (``mount_proc``) a ``/proc`` of the program's own PID namespace; no capabilities, no further user
-namespaces, an empty environment, its own session; ``launcher.py`` as PID 1 sets the rlimits and reaps. The
-program shares the host kernel.
+devices, and (``KernelOptions``) a ``/proc`` of the program's own PID namespace and no nested user
+namespaces; no capabilities, an empty environment, its own session; ``launcher.py`` as PID 1 sets the
+rlimits and reaps. The program shares the host kernel.
 
 ``runsc`` (gVisor): the same minimal root as an OCI bundle, run by gVisor's user-space kernel (the program's
 system calls never reach the host kernel directly), without network.
@@ -37,6 +37,18 @@ PYTHON_FLAGS = ("-I", "-S", "-B")
 LAUNCHER_SOURCE = (Path(__file__).parent / "launcher.py").read_text()
 
 
+@dataclass(frozen=True)
+class KernelOptions:
+    """What the kernel (or container) here lets bwrap do; probed once at start-up.
+
+    ``mount_proc``: a fresh /proc of the run's PID namespace (refused in a Docker container without
+    systempaths=unconfined). ``disable_userns``: ``--disable-userns``, which refuses the program nested user
+    namespaces (needs a writable /proc/sys, which Docker mounts read-only)."""
+
+    mount_proc: bool = True
+    disable_userns: bool = True
+
+
 class SandboxUnavailable(Exception):
     """The backend cannot run here (missing binary, interpreter not reachable); the message says why."""
 
@@ -56,6 +68,7 @@ class Launch:
 
 class SandboxBackend(Protocol):
     name: str
+    options: KernelOptions
 
     def prepare(self, program: bytes, limits: RunLimits) -> Launch: ...
 
@@ -104,11 +117,11 @@ def memfd_with(name: str, data: bytes) -> int:
 class BwrapBackend:
     name = "bwrap"
 
-    def __init__(self, settings: SandboxSettings, *, mount_proc: bool):
+    def __init__(self, settings: SandboxSettings, options: KernelOptions):
         bwrap = shutil.which(settings.bwrap_path)
         if bwrap is None:
             raise SandboxUnavailable(f"'{settings.bwrap_path}' (bubblewrap) not found")
-        self.mount_proc = mount_proc
+        self.options = options
         self._python = _resolve_python(settings)
         self._settings = settings
         self._prefix = [*_privilege_drop(settings), bwrap]
@@ -120,7 +133,7 @@ class BwrapBackend:
         for link, target in (("/lib", "usr/lib"), ("/lib64", "usr/lib64"), ("/bin", "usr/bin")):
             args += ["--symlink", target, link]
         args += ["--dev", "/dev"]
-        if self.mount_proc:
+        if self.options.mount_proc:
             args += ["--proc", "/proc"]
         tmp_bytes = self._settings.tmp_size_mb * 1024 * 1024
         args += ["--size", str(tmp_bytes), "--perms", "1777", "--tmpfs", WORKDIR]
@@ -132,7 +145,7 @@ class BwrapBackend:
             *self._prefix,
             "--unshare-all",
             "--unshare-user",
-            "--disable-userns",
+            *(["--disable-userns"] if self.options.disable_userns else []),
             "--die-with-parent",
             "--new-session",
             "--as-pid-1",
@@ -176,7 +189,8 @@ class RunscBackend:
         runsc = shutil.which(settings.runsc_path)
         if runsc is None:
             raise SandboxUnavailable(f"'{settings.runsc_path}' (gVisor) not found")
-        self.mount_proc = True  # gVisor's own /proc: it shows only the sandbox
+        # gVisor's own /proc shows only the sandbox; user namespaces inside are gVisor's, not the host's.
+        self.options = KernelOptions()
         self._runsc = runsc
         self._python = _resolve_python(settings)
         self._settings = settings
@@ -248,8 +262,8 @@ class RunscBackend:
         return Launch(argv, cleanups=[lambda: shutil.rmtree(bundle, ignore_errors=True), delete])
 
 
-def make_backend(settings: SandboxSettings, *, mount_proc: bool) -> SandboxBackend:
+def make_backend(settings: SandboxSettings, options: KernelOptions) -> SandboxBackend:
     """The backend named by ``settings.backend``; SandboxUnavailable says why it cannot run here."""
     if settings.backend == "runsc":
         return RunscBackend(settings)
-    return BwrapBackend(settings, mount_proc=mount_proc)
+    return BwrapBackend(settings, options)

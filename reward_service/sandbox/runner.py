@@ -27,7 +27,13 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-from reward_service.sandbox.backends import SandboxBackend, SandboxUnavailable, make_backend, memfd_with
+from reward_service.sandbox.backends import (
+    KernelOptions,
+    SandboxBackend,
+    SandboxUnavailable,
+    make_backend,
+    memfd_with,
+)
 from reward_service.sandbox.fair import FairSlots, Lane
 from reward_service.sandbox.limits import RunLimits, describe
 from reward_service.sandbox.settings import SandboxSettings
@@ -119,16 +125,18 @@ class RunSession:
 
 
 class SandboxRunner:
-    """Runs programs with ``backend``; ``mount_proc`` says whether programs get a /proc."""
+    """Runs programs with ``backend`` (by default the configured one, assuming the kernel allows everything;
+    ``open_runner`` probes what it does allow)."""
 
     def __init__(self, settings: SandboxSettings, backend: SandboxBackend | None = None):
         self.settings = settings
-        self.backend = backend or make_backend(settings, mount_proc=settings.mount_proc != "false")
+        options = KernelOptions(mount_proc=settings.mount_proc != "false")
+        self.backend = backend or make_backend(settings, options)
         self._slots = FairSlots(settings.concurrency)
 
     @property
     def mount_proc(self) -> bool:
-        return getattr(self.backend, "mount_proc", False)
+        return self.backend.options.mount_proc
 
     def session(self) -> RunSession:
         return RunSession(self._slots.lane(), self.settings.max_cpu_s_per_request)
@@ -253,10 +261,10 @@ class SandboxRunner:
 PROBE_PROGRAM = "import os\nprint(os.getpid())\n"
 
 
-async def _probe(settings: SandboxSettings, mount_proc: bool) -> tuple[SandboxRunner | None, str]:
-    """A runner when a trivial program runs as PID 2 of its sandbox; else None and why not."""
+async def _probe(settings: SandboxSettings, options: KernelOptions) -> tuple[SandboxRunner | None, str]:
+    """A runner when a trivial program runs as PID 1 or 2 of its sandbox; else None and why not."""
     try:
-        runner = SandboxRunner(settings, make_backend(settings, mount_proc=mount_proc))
+        runner = SandboxRunner(settings, make_backend(settings, options))
         result = await runner.run(PROBE_PROGRAM)
     except (SandboxUnavailable, OSError) as exc:
         return None, str(exc)
@@ -266,21 +274,32 @@ async def _probe(settings: SandboxSettings, mount_proc: bool) -> tuple[SandboxRu
 
 
 async def open_runner(settings: SandboxSettings) -> tuple[SandboxRunner | None, str]:
-    """Probes the configured backend once at start-up (with ``mount_proc: auto``: with a fresh /proc, else
-    without). Returns (runner, status) — runner None and the reason when programs cannot run here."""
-    modes = {"auto": (True, False), "true": (True,), "false": (False,)}[settings.mount_proc]
+    """Probes the configured backend once at start-up, strongest isolation first: with a fresh /proc
+    (``mount_proc: auto`` falls back to none) and refusing nested user namespaces (dropped where the kernel
+    refuses bwrap that). Returns (runner, status) — runner None and the reasons when nothing runs here."""
+    procs = {"auto": (True, False), "true": (True,), "false": (False,)}[settings.mount_proc]
+    candidates = [KernelOptions(p, u) for p in procs for u in (True, False)]
+    if settings.backend == "runsc":
+        candidates = [KernelOptions()]
     reasons = []
-    for mount_proc in modes:
-        runner, reason = await _probe(settings, mount_proc)
-        if runner is not None:
-            proc = "a /proc of its own" if mount_proc else "no /proc (a fresh one was refused here)"
-            if reasons:
-                log.warning("code sandbox: %s; running without /proc", reasons[0])
-            kind = "gVisor user-space kernel" if settings.backend == "runsc" else "host kernel"
-            status = (
-                f"{settings.backend} ({kind}): namespaces, no network, minimal read-only root, {proc}; "
-                f"{describe(settings)}"
+    for options in candidates:
+        runner, reason = await _probe(settings, options)
+        if runner is None:
+            reasons.append(reason)
+            continue
+        if reasons:
+            log.warning("code sandbox: weaker than configured here: %s", "; ".join(dict.fromkeys(reasons)))
+        if settings.backend == "runsc":
+            isolation = "runsc (gVisor user-space kernel): no network, minimal read-only root, its own /proc"
+        else:
+            proc = "a /proc of its own" if options.mount_proc else "no /proc (a fresh one was refused here)"
+            userns = (
+                "nested user namespaces refused"
+                if options.disable_userns
+                else "nested user namespaces NOT refused (bwrap --disable-userns was refused here)"
             )
-            return runner, status
-        reasons.append(reason)
-    return None, "; ".join(reasons)
+            isolation = (
+                f"bwrap (host kernel): namespaces, no network, minimal read-only root, {proc}, {userns}"
+            )
+        return runner, f"{isolation}; {describe(settings)}"
+    return None, "; ".join(dict.fromkeys(reasons))
