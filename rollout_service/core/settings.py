@@ -43,7 +43,7 @@ class RolloutSettings(BaseModel):
     # directory at start-up); a path outside it is PERMISSION_DENIED.
     weights_root: str = "."
     # Largest weight payload (UpdateWeights stream, LoadWeights file) in bytes; default: every
-    # model parameter twice in float64 (a full-rank adapter of every matrix fits) + 1 MiB.
+    # model parameter twice in float32 (a full-rank adapter of every matrix fits) + 1 MiB.
     max_weight_bytes: int | None = Field(None, ge=1)
     batch_window_ms: float = Field(5.0, ge=0)  # how long the batcher waits for concurrent calls
     seed: int = 0

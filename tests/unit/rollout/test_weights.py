@@ -210,6 +210,6 @@ def test_payload_receiver_caps_declared_and_streamed_sizes():
         undeclared.add(b"y")
 
 
-def test_the_default_payload_cap_fits_a_full_float64_state_dict(catalog):
+def test_the_default_payload_cap_fits_two_float32_copies_of_the_model(catalog):
     numel = sum(math.prod(shape) for shape in catalog.shapes.values())
-    assert catalog.max_payload_bytes == 16 * numel + (1 << 20)
+    assert catalog.max_payload_bytes == 8 * numel + (1 << 20)
