@@ -65,7 +65,7 @@ class _Worker:
         self.conn, child = _CONTEXT.Pipe()
         self.process: BaseProcess = _CONTEXT.Process(
             target=worker.serve,
-            args=(child, settings.parse_timeout_s, settings.verify_timeout_s),
+            args=(child, settings.parse_timeout_s, settings.verify_timeout_s, settings.niceness),
             daemon=True,
             name="mathverify-worker",
         )
@@ -236,6 +236,7 @@ class MathVerifyPool:
                     in_pipe,
                     f"exceeded the per-sample deadline of {head.deadline_s:g}s (mathverify.deadline_s); "
                     "its worker was killed and replaced",
+                    value=self.settings.timeout_value,
                 )
                 continue
             except (EOFError, OSError):
@@ -255,8 +256,11 @@ class MathVerifyPool:
             return False
         return True
 
-    def _retire(self, slot: int, in_pipe: collections.deque[_Job], error: str) -> None:
-        """Kills worker ``slot``: its current sample gets ``error``, the ones behind it are re-queued."""
+    def _retire(
+        self, slot: int, in_pipe: collections.deque[_Job], error: str, value: float | None = None
+    ) -> None:
+        """Kills worker ``slot``: its current sample gets ``(value, error)``, the ones behind it are
+        re-queued."""
         w = self._workers[slot]
         self._workers[slot] = None
         if w is not None:
@@ -266,7 +270,7 @@ class MathVerifyPool:
         self.replaced += 1
         head = in_pipe.popleft()
         if not head.result.done():
-            head.result.set_result((None, error))
+            head.result.set_result((value, error))
         while in_pipe:
             self._queues[slot].appendleft(in_pipe.pop())
         self._job_ready.set()

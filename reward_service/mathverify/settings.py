@@ -22,3 +22,15 @@ class MathVerifySettings(BaseModel):
     deadline_s: float = Field(
         30.0, gt=0, description="Hard deadline of one sample; a worker past it is killed and replaced."
     )
+    timeout_value: float | None = Field(
+        None,
+        allow_inf_nan=False,
+        description="Value of a sample past deadline_s (its error still says why); None = no value, as for "
+        "any other failed check.",
+    )
+    niceness: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="Added to the workers' nice value: a saturated machine still schedules the server first.",
+    )

@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import os
 from typing import Any
 
 from latex2sympy2_extended import NormalizationConfig
@@ -114,8 +115,14 @@ def _run(job: tuple[Any, ...], parse_timeout: int, verify_timeout: int) -> tuple
     return result.value, result.error
 
 
-def serve(conn: Any, parse_timeout: int, verify_timeout: int) -> None:
-    """Worker loop: receives a job tuple (see ``_run``), answers ``(value, error)``; ``None`` stops it."""
+def serve(conn: Any, parse_timeout: int, verify_timeout: int, niceness: int = 0) -> None:
+    """Worker loop: receives a job tuple (see ``_run``), answers ``(value, error)``; ``None`` stops it.
+
+    ``niceness`` lowers the worker's CPU priority, so that on a saturated machine the service's event loop
+    (health, admission, other callers) is scheduled before a worker grinding on a hostile sample.
+    """
+    if niceness:
+        os.nice(niceness)
     conn.send("ready")
     while True:
         try:
@@ -130,4 +137,7 @@ def serve(conn: Any, parse_timeout: int, verify_timeout: int) -> None:
             result = (None, "input nested too deeply to check")
         except Exception as exc:
             result = (None, f"verification failed: {type(exc).__name__}: {str(exc)[:200]}")
-        conn.send(result)
+        try:
+            conn.send(result)
+        except OSError:  # the pool closed or replaced this worker while it computed: nobody to answer
+            return

@@ -202,3 +202,33 @@ async def test_math_verify_own_timeout_in_the_worker_is_an_error_not_a_zero():
         assert small.replaced == 0  # no kill needed
     finally:
         await small.close()
+
+
+async def test_a_cancelled_caller_frees_its_worker_within_the_grace_not_the_deadline(pool):
+    replaced = pool.replaced
+    hang = asyncio.ensure_future(pool.check("1", r"\boxed{9^{9^{9^{9}}}}", deadline_s=60.0))
+    await asyncio.sleep(1.0)  # the worker is busy on it
+    cancelled = time.monotonic()
+    hang.cancel()
+    for _ in range(100):
+        if pool.replaced > replaced:
+            break
+        await asyncio.sleep(0.1)
+    # Killed after ABANDONED_GRACE_S (1 s), not after the 60 s deadline.
+    assert pool.replaced == replaced + 1 and time.monotonic() - cancelled < 8
+    for _ in range(300):
+        if pool.alive == pool.size:
+            break
+        await asyncio.sleep(0.1)
+    assert pool.alive == pool.size
+    assert await pool.check("3", r"\boxed{3}") == (1.0, "")
+
+
+async def test_a_configured_timeout_value_is_given_with_the_deadline_error():
+    small = MathVerifyPool(MathVerifySettings(workers=1, deadline_s=1.0, timeout_value=0.0))
+    await small.start()
+    try:
+        value, error = await small.check("1", r"\boxed{9^{9^{9^{9}}}}")
+        assert value == 0.0 and "per-sample deadline of 1s" in error
+    finally:
+        await small.close()
