@@ -110,6 +110,7 @@ async def start_reward_service(settings: RewardSettings) -> RewardService:
             max_completion_chars=settings.max_completion_chars,
             max_completion_ids=settings.max_completion_ids,
             max_prompt_chars=settings.max_prompt_chars,
+            max_metadata_chars=settings.max_metadata_chars,
         ),
     )
     return RewardService(scorer=scorer, pool=pool, registry=registry, settings=settings)

@@ -34,6 +34,12 @@ class RewardSettings(BaseModel):
         ge=1,
         description="Characters of one Sample's prompt messages together; longer is INVALID_ARGUMENT.",
     )
+    max_metadata_chars: int = Field(
+        1 << 20,
+        ge=1,
+        description="Characters of one Sample's metadata (strings and keys, plus one per other value); "
+        "more is INVALID_ARGUMENT.",
+    )
     max_concurrent_requests: int = Field(
         64, ge=1, description="Score requests scored at once; more are refused with RESOURCE_EXHAUSTED."
     )

@@ -42,6 +42,26 @@ class ScoreLimits:
     max_completion_chars: int = 1 << 20
     max_completion_ids: int = 1 << 18
     max_prompt_chars: int = 1 << 20
+    max_metadata_chars: int = 1 << 20
+
+
+def json_chars(value: Any) -> int:
+    """Size of a JSON value in characters, roughly as serialised: the length of every string (keys too)
+    plus one per other node. Iterative, so any depth is safe."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            total += 1 + sum(len(k) for k in item)
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            total += 1
+            stack.extend(item)
+        else:
+            total += 1
+    return total
 
 
 class Scorer:
@@ -139,6 +159,12 @@ class Scorer:
                 f"{len(sample.completion_ids)} token ids, at most "
                 f"max_completion_ids={limits.max_completion_ids}",
                 field=f"{where}.completion_ids",
+            )
+        metadata_chars = json_chars(sample.metadata)
+        if metadata_chars > limits.max_metadata_chars:
+            raise InvalidArgument(
+                f"about {metadata_chars} characters, at most max_metadata_chars={limits.max_metadata_chars}",
+                field=f"{where}.metadata",
             )
         prompt_chars = sum(len(m.content) + len(m.role) for m in sample.prompt)
         if prompt_chars > limits.max_prompt_chars:

@@ -16,6 +16,8 @@ from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 
 from grpo_runtime.client import create_sync_channel
 
+from .conftest import SETTINGS, reward_server_thread
+
 # Quadratic for a backtracking engine on open-r1's format pattern (0.7 s for 3000 repeats with `re`).
 FORMAT_BOMB = "<think>\n" + "\n</think>\n<answer>\n" * 60_000
 PATHOLOGICAL_MATH = r"\boxed{9^{9^{9^{9}}}}"
@@ -159,3 +161,22 @@ def test_counts_past_the_limits_are_resource_exhausted_naming_them(channel):
         stub.Score(request, timeout=10)
     assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "max_samples=8" in error.value.details()
+
+
+def test_an_expired_score_stops_its_work_and_frees_the_worker():
+    # A 30 s per-sample deadline: the worker must be freed because the caller's 1 s deadline passed.
+    settings = {**SETTINGS, "mathverify": {"workers": 1, "deadline_s": 30}}
+    with reward_server_thread(settings) as server, create_sync_channel(server.address) as channel:
+        pool = _pool(server)
+        request = reward_pb2.ScoreRequest(rewards=[reward_pb2.RewardSpec(name="accuracy")])
+        request.samples.add(id="hang", completion=PATHOLOGICAL_MATH).metadata.update({"answer": "1"})
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as error:
+            reward_pb2_grpc.RewardServiceStub(channel).Score(request, timeout=1.0)
+        assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        while pool.replaced == 0:
+            assert time.monotonic() - started < 15, "the abandoned sample kept its worker"
+            time.sleep(0.05)
+        quick = reward_pb2.ScoreRequest(rewards=[reward_pb2.RewardSpec(name="accuracy")])
+        quick.samples.add(id="ok", completion=r"\boxed{2}").metadata.update({"answer": "2"})
+        assert reward_pb2_grpc.RewardServiceStub(channel).Score(quick, timeout=30).scores[0].reward == 1.0

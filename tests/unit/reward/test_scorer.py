@@ -119,6 +119,10 @@ async def test_counts_past_a_limit_are_resource_exhausted_naming_it(pool, sample
     ("sample", "field"),
     [
         (Sample(id="", completion="x" * 101), "samples[1].completion"),
+        (
+            Sample(id="", completion="", metadata={"schema": {"k": ["y" * 50, "y" * 50]}}),
+            "samples[1].metadata",
+        ),
         (Sample(id="", completion="", completion_ids=tuple(range(11))), "samples[1].completion_ids"),
         (
             Sample(id="", completion="", prompt=(Message("user", "y" * 60), Message("user", "y" * 60))),
@@ -131,7 +135,9 @@ async def test_over_size_fields_are_invalid_argument_naming_the_field(pool, samp
         builtin_rewards(pool, None, False, "off"),
         None,
         max_concurrent=1,
-        limits=ScoreLimits(max_completion_chars=100, max_completion_ids=10, max_prompt_chars=100),
+        limits=ScoreLimits(
+            max_completion_chars=100, max_completion_ids=10, max_prompt_chars=100, max_metadata_chars=100
+        ),
     )
     with pytest.raises(InvalidArgument) as err:
         await scorer.score([Sample(id="", completion="ok"), sample], [RewardRequest("format")])
