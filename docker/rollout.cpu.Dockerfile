@@ -25,8 +25,9 @@ LABEL org.opencontainers.image.title="grpo-services rollout" \
 RUN useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin grpo
 COPY --from=build /opt/venv /opt/venv
 COPY models/demo /opt/grpo/models/demo
-# Readable by the non-root user whatever the modes in the build context.
-RUN chmod -R a+rX /opt/grpo
+# Readable by the non-root user whatever the modes in the build context. The runs volume's mount point is
+# the service user's: Docker gives a new named volume the owner of the directory it is first mounted on.
+RUN chmod -R a+rX /opt/grpo && install -d -o 10001 -g 10001 /var/lib/grpo/runs
 # No C++ compiler in the image: vLLM runs eager, without torch inductor (ENVIRONMENT.md).
 ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     HOME=/tmp HF_HOME=/tmp/hf HF_HUB_OFFLINE=1 TORCHDYNAMO_DISABLE=1 VLLM_CPU_KVCACHE_SPACE=1

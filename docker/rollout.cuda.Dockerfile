@@ -27,8 +27,9 @@ LABEL org.opencontainers.image.title="grpo-services rollout (cuda)" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /opt/venv /opt/venv
 COPY models/demo /opt/grpo/models/demo
-# Readable by the non-root user whatever the modes in the build context.
-RUN chmod -R a+rX /opt/grpo
+# Readable by the non-root user whatever the modes in the build context. The runs volume's mount point is
+# the service user's: Docker gives a new named volume the owner of the directory it is first mounted on.
+RUN chmod -R a+rX /opt/grpo && install -d -o 10001 -g 10001 /var/lib/grpo/runs
 ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     HOME=/tmp HF_HOME=/tmp/hf HF_HUB_OFFLINE=1
 USER 10001

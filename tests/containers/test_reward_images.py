@@ -23,14 +23,13 @@ HOSTILE = {
 
 @pytest.fixture(scope="module")
 def sandboxed_reward(images) -> Iterator[Running]:
-    """The reward container with docker/compose.yaml's options for the sandbox. `systempaths=unconfined`
-    (a fresh /proc for the PID namespace) has no docker SDK equivalent, so this one starts through the CLI."""
+    """The reward container with docker/compose.yaml's options for the sandbox, started through the CLI, which
+    reads the seccomp profile from its file as compose does."""
     command = [
         "docker", "run", "-d", "-p", "127.0.0.1::50051", "--read-only", "--tmpfs", "/tmp",
         "--user", f"{CONTAINER_UID}:{CONTAINER_UID}", "--cap-drop", "ALL",
         "--security-opt", "no-new-privileges:true",
         "--security-opt", f"seccomp={REPO / 'docker' / 'seccomp' / 'reward-sandbox.json'}",
-        "--security-opt", "systempaths=unconfined",
         images["reward"], "--host", "0.0.0.0", "--port", "50051",
     ]  # fmt: skip
     started = subprocess.run(command, check=True, capture_output=True, text=True)
