@@ -58,6 +58,12 @@ def world_writable_dirs() -> list[str]:
 
 
 WRITABLE = world_writable_dirs()
+HOME = os.path.expanduser("~")
+SANDBOX_NAMES = {"usr", "bin", "lib", "lib64", "tmp", "dev", "proc", "main.py"}
+try:
+    HOME_ENTRIES = set(os.listdir(HOME)) - SANDBOX_NAMES
+except OSError:
+    HOME_ENTRIES = set()
 
 
 @dataclass
@@ -94,7 +100,10 @@ def programs(host: Host) -> dict[str, str]:
         "read_service_source": read.format(path=str(REPO / "reward_service" / "server.py")),
         "list_models": listdir.format(path=str(REPO / "tiny_models")),
         "list_service_venv": listdir.format(path=str(REPO / ".venv")),
-        "list_home": listdir.format(path=os.path.expanduser("~")),
+        # $HOME may be a dir the sandbox has too (/ or /tmp in a container): only the host's entries count.
+        "list_home": f"import os\nhost = {HOME_ENTRIES!r}\ntry:\n    seen = set(os.listdir({HOME!r}))\n"
+        "except OSError:\n    seen = set()\nprint(sorted(seen & host))\nif seen & host:\n"
+        "    print('ESCAPED')",
         "list_root_home": listdir.format(path="/root"),
         "list_run": listdir.format(path="/run"),
         "list_var": listdir.format(path="/var"),
@@ -151,12 +160,18 @@ def programs(host: Host) -> dict[str, str]:
         "kill_all": "import os, signal, time\nos.kill(-1, signal.SIGKILL)\ntime.sleep(0.2)\nprint('alive')",
         "kill_parent_and_init": "import os, signal\nfor pid in (os.getppid(), 1):\n    try:\n"
         "        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\nprint('alive')",
-        "kill_service_pid": f"import os\ntry:\n    os.kill({host.service_pid}, 9)\n    print('ESCAPED')\n"
+        # A service that is PID 1 or 2 of its container shares the number with the sandbox's own processes.
+        "kill_service_pid": f"import os\ntry:\n    os.kill({host.service_pid}, 9)\n"
+        f"    print('ESCAPED' if {host.service_pid} > 2 else 'own process')\n"
         "except OSError as e:\n    print('refused', e)",
         "ptrace_init": "import ctypes, sys\nlibc = ctypes.CDLL(None, use_errno=True)\n"
         "if libc.ptrace(16, 1, 0, 0) == 0:\n    print('ESCAPED')\nelse:\n    sys.exit('ptrace refused')",
         "new_user_namespace": "import ctypes, sys\nlibc = ctypes.CDLL(None, use_errno=True)\n"
         "if libc.unshare(0x10000000) == 0:\n    print('ESCAPED')\nelse:\n    sys.exit('unshare refused')",
+        "nested_namespace_tmpfs": "import ctypes, os, sys\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "if libc.unshare(0x10000000 | 0x20000) != 0:\n    sys.exit('unshare refused')\n"
+        "os.makedirs('/tmp/x')\nif libc.mount(b'tmpfs', b'/tmp/x', b'tmpfs', 0, b'size=1g') != 0:\n"
+        "    sys.exit('mount refused')\nopen('/tmp/x/f', 'wb').write(b'0' * 2**20)\nprint('ESCAPED')",
         "unmount_tmp": "import ctypes, sys\nlibc = ctypes.CDLL(None, use_errno=True)\n"
         "if libc.umount2(b'/tmp', 2) == 0:\n    print('ESCAPED')\nelse:\n    sys.exit('umount refused')",
         "setuid_root": "import os, sys\ntry:\n    os.setuid(0)\n    print('ESCAPED')\nexcept OSError:\n"
@@ -174,7 +189,7 @@ def programs(host: Host) -> dict[str, str]:
         "while True:\n    pass",
         "sleep_forever": "import time\ntime.sleep(10**6)",
         "output_flood": "while True:\n    print('x' * 4096)",
-        "stderr_flood_with_secret_tail": f"import sys\nsys.stderr.write('y' * 100000 + '\\n{SECRET}' * 3)\n"
+        "stderr_flood": "import sys\nsys.stderr.write(('y' * 1000 + '\\n') * 100 + 'z' * 100000)\n"
         "sys.exit(1)",
         "segfault": "import ctypes\nctypes.string_at(0)",
     }
@@ -193,9 +208,9 @@ EXPECTED_FAILURE = {
     "output_flood": ("output exceeded",),
     "segfault": ("SIGSEGV",),
     "huge_file": ("File too large",),  # Python ignores SIGXFSZ: the write fails with EFBIG
-    "memory_bomb": ("MemoryError",),
+    "memory_bomb": ("MemoryError", "timed out"),
     "ptrace_init": ("ptrace refused",),
-    "new_user_namespace": ("unshare refused",),
+    "new_user_namespace": ("unshare refused",),  # where bwrap may refuse nested namespaces (see below)
     "unmount_tmp": ("umount refused",),
     "setuid_root": ("setuid refused",),
     "connect_host_listener": ("exit code 1",),
@@ -253,9 +268,10 @@ def outcome(tmp_path_factory):
             assert isinstance(runner, SandboxRunner)
             start = time.monotonic()
             results = await asyncio.gather(*(runner.run(p) for p in table.values()))
-            return dict(zip(table, results, strict=True)), time.monotonic() - start
+            results = dict(zip(table, results, strict=True))
+            return results, time.monotonic() - start, runner.backend.options.disable_userns
 
-        results, elapsed = asyncio.run(run_all())
+        results, elapsed, disable_userns = asyncio.run(run_all())
     finally:
         if previous is None:
             os.environ.pop("GRPO_ADMIN_TOKEN", None)
@@ -279,6 +295,7 @@ def outcome(tmp_path_factory):
         "unix_sockets": unix_sockets,
         "stray": _sandbox_processes(),
         "secret_file": host.secret_file,
+        "disable_userns": disable_userns,
     }
 
 
@@ -289,6 +306,8 @@ NAMES = list(programs(Host(Path("/x"), Path("/x"), Path("/x"), 1, 1)))
 def test_hostile_program_is_contained(outcome, name):
     result = outcome["results"][name]
     print(f"{name}: {result.failure or result.stdout[:200]!r}")
+    if name == "new_user_namespace" and not outcome["disable_userns"]:
+        pytest.skip("bwrap --disable-userns is refused here (Docker): nested_namespace_tmpfs checks the rest")
     assert "ESCAPED" not in result.stdout, (name, result)
     assert SECRET not in result.stdout and SECRET not in result.failure, name
     assert len(result.failure.encode()) <= SETTINGS.error_excerpt_bytes + 64
