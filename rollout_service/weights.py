@@ -319,7 +319,7 @@ def read_directory(
         config = read_confined(root, directory / ADAPTER_CONFIG, MAX_ADAPTER_CONFIG_BYTES, field)
         data = read_confined(root, directory / ADAPTER_WEIGHTS, budget, field)
         try:
-            config_text = config.decode("utf-8")
+            config_text = bytes(config).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise InvalidArgument(f"{ADAPTER_CONFIG} is not UTF-8", field=field) from exc
         tensors = parse_safetensors(data, field=field)

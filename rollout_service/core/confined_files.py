@@ -21,6 +21,8 @@ import os
 import stat
 from pathlib import Path
 
+import numpy as np
+
 from grpo_runtime.errors import InvalidArgument, PermissionDenied, ResourceExhausted
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -49,8 +51,9 @@ def confined_directory(root: Path, path: str | Path, field: str) -> Path:
     return directory
 
 
-def read_confined(root: Path, path: Path, max_bytes: int, field: str) -> bytearray:
-    """The bytes of the regular file ``path`` under ``root``, at most ``max_bytes`` of them
+def read_confined(root: Path, path: Path, max_bytes: int, field: str) -> memoryview:
+    """The bytes of the regular file ``path`` under ``root`` (a writable view, so the payload
+    parser takes tensors from it without a copy), at most ``max_bytes`` of them
     (RESOURCE_EXHAUSTED beyond, before anything is read)."""
     resolved = resolve_under(root, path, field)
     try:
@@ -70,15 +73,16 @@ def read_confined(root: Path, path: Path, max_bytes: int, field: str) -> bytearr
                 f"max_weight_bytes = {max_bytes}",
                 field=field,
             )
-        buffer = bytearray(info.st_size)
-        view = memoryview(buffer)
+        # np.empty, not bytearray: zero-filling hundreds of MB holds the GIL (and so the event
+        # loop); the pages are first touched by the read, which releases it.
+        view = memoryview(np.empty(info.st_size, dtype=np.uint8))
         done = 0
-        while done < len(buffer):
+        while done < len(view):
             got = os.readv(fd, [view[done:]])
             if got == 0:
                 raise InvalidArgument(f"{path.name!r} shrank while it was read", field=field)
             done += got
-        return buffer
+        return view
     except OSError as exc:
         raise InvalidArgument(f"cannot read {path.name!r} ({exc.strerror})", field=field) from exc
     finally:

@@ -19,6 +19,7 @@ weights are pushed or loaded again (the contract every engine follows).
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import random
 import tempfile
@@ -207,6 +208,11 @@ class HFEngine(Engine):
             return
         row.tokens.append(token)
         row.logprobs.append(logprob)
+        if not math.isfinite(logprob):
+            # Non-finite logits (weights that overflow): the row is garbage from here on, and the
+            # core refuses to return it, so stop spending steps on it.
+            row.finish = FinishReason.ABORT
+            return
         sampling = row.job.sampling
         if token in self._eos_ids:
             row.finish = FinishReason.STOP

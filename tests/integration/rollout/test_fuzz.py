@@ -17,7 +17,7 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpo.common.v1 import common_pb2
-from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from grpo.rollout.v1 import rollout_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
@@ -76,12 +76,6 @@ def server(tiny_models, weights_root):
     )
     with BackgroundServer(settings_) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def stub(server):
-    with grpc.insecure_channel(server.address) as channel:
-        yield rollout_pb2_grpc.RolloutServiceStub(channel)
 
 
 @pytest.fixture(scope="module")

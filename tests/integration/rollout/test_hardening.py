@@ -16,11 +16,10 @@ import grpc
 import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from grpo.rollout.v1 import rollout_pb2
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
-from rollout_service.client import RolloutClient
 from rollout_service.core.payload import encode
 from rollout_service.core.settings import RolloutSettings
 from rollout_service.server import BackgroundServer
@@ -48,19 +47,6 @@ def server(tiny_models, weights_root):
     )
     with BackgroundServer(settings) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with RolloutClient(server.address, timeout_s=60) as c:
-        c.wait_ready(10)
-        yield c
-
-
-@pytest.fixture(scope="module")
-def stub(server):
-    with grpc.insecure_channel(server.address) as channel:
-        yield rollout_pb2_grpc.RolloutServiceStub(channel)
 
 
 @pytest.fixture(scope="module")
@@ -339,4 +325,5 @@ def test_health_answers_while_a_large_load_is_read(server, client, weights_root)
             assert status == health_pb2.HealthCheckResponse.SERVING
     loader.join()
     assert outcome == [grpc.StatusCode.INVALID_ARGUMENT]
-    assert latencies and max(latencies) < 1.0
+    assert len(latencies) >= 10  # answered many times while the load was in flight, not after it
+    assert max(latencies) < 1.0

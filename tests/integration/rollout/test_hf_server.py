@@ -35,13 +35,6 @@ def server(tiny_models, tmp_path_factory):
         yield running
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    with RolloutClient(server.address, timeout_s=60) as c:
-        c.wait_ready(10)
-        yield c
-
-
 def code_and_details(call) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.RpcError) as info:
         call()
