@@ -110,6 +110,7 @@ class MathVerifyPool:
         self._workers: list[_Worker | None] = []
         self._closed = False
         self._reaping: set[asyncio.Future[None]] = set()
+        self._standby: asyncio.Future[_Worker] | None = None
         self.replaced = 0  # workers killed for overrunning or crashing (for tests and metrics)
 
     @property
@@ -121,16 +122,50 @@ class MathVerifyPool:
         """Workers started and answering (a replaced one counts again once it is ready)."""
         return sum(w is not None for w in self._workers)
 
+    @property
+    def standby_ready(self) -> bool:
+        """Whether a started replacement waits for the next killed worker."""
+        return self._standby is not None and self._standby.done() and not self._standby.exception()
+
     async def start(self) -> None:
-        """Starts every worker and waits until each has imported math-verify."""
+        """Starts every worker (and the standby) and waits until each has imported math-verify."""
         workers = await asyncio.gather(*(self._new_worker() for _ in range(self.settings.workers)))
         self._workers = list(workers)
         self._drivers = [asyncio.ensure_future(self._drive(i)) for i in range(len(workers))]
+        self._start_standby()
         log.info("math-verify pool: %d worker processes", len(workers))
+
+    def _start_standby(self) -> None:
+        """Spawns the next replacement ahead of need (``standby`` setting), so that a killed worker's slot
+        is serving again at once instead of after a spawn and a math-verify import (seconds)."""
+        if self.settings.standby and not self._closed:
+            self._standby = asyncio.ensure_future(self._new_worker())
+
+    async def _replacement(self) -> _Worker:
+        standby, self._standby = self._standby, None
+        if standby is not None:
+            try:
+                w = await asyncio.shield(standby)
+            except asyncio.CancelledError:
+                self._standby = standby  # still starting: close() collects it
+                raise
+            except Exception:
+                log.exception("math-verify standby worker failed to start; spawning another")
+            else:
+                self._start_standby()
+                return w
+        w = await self._new_worker()
+        self._start_standby()
+        return w
 
     async def _new_worker(self) -> _Worker:
         # Spawning forks this (large) process: seconds on a loaded machine, so not on the event loop.
-        w = await asyncio.to_thread(_Worker, self.settings)
+        spawn = asyncio.ensure_future(asyncio.to_thread(_Worker, self.settings))
+        try:
+            w = await asyncio.shield(spawn)
+        except asyncio.CancelledError:  # the thread still finishes: kill what it starts
+            spawn.add_done_callback(lambda done: done.cancelled() or done.exception() or done.result().kill())
+            raise
         try:
             if await w.receive(STARTUP_TIMEOUT_S) != "ready":
                 raise RuntimeError("math-verify worker sent an unexpected greeting")
@@ -200,7 +235,7 @@ class MathVerifyPool:
             w = self._workers[slot]
             if w is None:
                 try:
-                    w = self._workers[slot] = await self._new_worker()
+                    w = self._workers[slot] = await self._replacement()
                 except Exception:
                     log.exception("could not replace math-verify worker %d; retrying", slot)
                     await asyncio.sleep(1.0)
@@ -281,6 +316,10 @@ class MathVerifyPool:
             task.cancel()
         await asyncio.gather(*self._drivers, *self._reaping, return_exceptions=True)
         workers = [w for w in self._workers if w is not None]
+        if self._standby is not None:
+            standby, self._standby = self._standby, None
+            with contextlib.suppress(Exception):
+                workers.append(await standby)
         for w in workers:
             with contextlib.suppress(Exception):
                 w.conn.send(None)

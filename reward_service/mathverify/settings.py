@@ -22,6 +22,11 @@ class MathVerifySettings(BaseModel):
     deadline_s: float = Field(
         30.0, gt=0, description="Hard deadline of one sample; a worker past it is killed and replaced."
     )
+    standby: bool = Field(
+        True,
+        description="Keep one extra worker started, so a killed worker is replaced at once (costs one idle "
+        "process).",
+    )
     timeout_value: float | None = Field(
         None,
         allow_inf_nan=False,

@@ -232,3 +232,22 @@ async def test_a_configured_timeout_value_is_given_with_the_deadline_error():
         assert value == 0.0 and "per-sample deadline of 1s" in error
     finally:
         await small.close()
+
+
+async def test_the_standby_worker_takes_a_killed_workers_place_at_once():
+    single = MathVerifyPool(MathVerifySettings(workers=1, deadline_s=1.0))
+    await single.start()
+    try:
+        for _ in range(600):
+            if single.standby_ready:
+                break
+            await asyncio.sleep(0.1)
+        assert single.standby_ready
+        value, error = await single.check("1", r"\boxed{9^{9^{9^{9}}}}")
+        assert value is None and "deadline" in error
+        started = time.monotonic()
+        # The only worker was killed; the standby answers without a spawn and import (seconds).
+        assert await single.check("2", r"\boxed{2}") == (1.0, "")
+        assert time.monotonic() - started < 2 and single.alive == single.size
+    finally:
+        await single.close()
