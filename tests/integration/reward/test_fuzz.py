@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 
 import grpc
 import pytest
@@ -27,8 +28,9 @@ ALLOWED = {
 }
 NAMES = ["accuracy", "format", "tag_count", "reasoning_steps", "length", "cosine", "repetition_penalty",
          "soft_overlong", "json_schema", "prm:none", "orm:x", ""]  # fmt: skip
+# Modest by default (the whole module runs in seconds); GRPO_FUZZ_EXAMPLES=500 for a long hunt.
 FUZZ = settings(
-    max_examples=25,
+    max_examples=int(os.environ.get("GRPO_FUZZ_EXAMPLES", "25")),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -42,6 +44,15 @@ json_trees = st.recursive(
 )
 structs = st.dictionaries(
     st.sampled_from(["answer", "schema", "solution", "x"]) | st.text(max_size=8), json_trees, max_size=4
+)
+# Declared parameter names of the built-ins, so that values (not only unknown keys) get exercised.
+PARAMS = ["style", "min_steps", "ngram_size", "max_penalty", "unit", "mode", "answer_key", "max_len", "clamp",
+          "min_value_wrong", "max_value_wrong", "min_value_correct", "max_value_correct", "partial_credit",
+          "max_completion_len", "soft_punish_cache"]  # fmt: skip
+param_values = (
+    json_trees
+    | st.integers(-(2**63), 2**63)
+    | st.sampled_from(["r1", "think", "words", "tokens", "chars", "numeric", "math_verify", "answer"])
 )
 texts = st.text(max_size=300) | st.sampled_from(
     ["<think>\nx\n</think>\n<answer>\n1\n</answer>", r"\boxed{2}", '{"a": 1}', "Step 1: a\nStep 2: b"]
@@ -75,7 +86,8 @@ def score_requests(draw) -> reward_pb2.ScoreRequest:
         spec = request.rewards.add(name=draw(st.sampled_from(NAMES) | st.text(max_size=12)))
         if draw(st.booleans()):
             spec.weight = draw(floats)
-        spec.params.CopyFrom(_struct(draw(st.dictionaries(st.text(max_size=12), json_trees, max_size=3))))
+        params = st.dictionaries(st.sampled_from(PARAMS) | st.text(max_size=12), param_values, max_size=3)
+        spec.params.CopyFrom(_struct(draw(params)))
     return request
 
 
