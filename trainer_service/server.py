@@ -17,7 +17,7 @@ from trainer_service.settings import DEFAULT_PORT, TrainerServiceSettings, load_
 
 async def build(settings: TrainerServiceSettings) -> tuple[list[ServiceBinding], Cleanup]:
     """The TrainerService binding and the cleanup that stops live runs (inside the server's event loop)."""
-    runs = RunManager()
+    runs = RunManager(settings)
     binding = ServiceBinding(
         servicer=TrainerServicer(runs),
         add_to_server=trainer_pb2_grpc.add_TrainerServiceServicer_to_server,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -21,6 +22,24 @@ class TrainerServiceSettings(BaseModel):
         ge=0,
         description="On shutdown, seconds live runs get to reach a step boundary and checkpoint before being "
         "terminated.",
+    )
+    runs_root: Path = Field(
+        default=Path("runs"),
+        description="StartRun writes only under this directory: a run's output/experiment_name must resolve "
+        "inside it (relative paths are relative to the service's working directory).",
+    )
+    data_roots: list[Path] = Field(
+        default=[Path("data")],
+        description="Directories a StartRun config may read data from (data.train, data.eval, a "
+        "training.deepspeed_config file).",
+    )
+    secret_roots: list[Path] = Field(
+        default=[Path("/run/secrets"), Path("secrets")],
+        description="Directories a StartRun config may read secrets from (services.admin_token_file, "
+        "services.tls_ca_file).",
+    )
+    max_concurrent_runs: int = Field(
+        default=4, ge=1, description="Runs training at once; StartRun beyond it is RESOURCE_EXHAUSTED."
     )
 
 

@@ -16,7 +16,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         self._runs = runs
 
     async def StartRun(self, request: trainer_pb2.StartRunRequest, context: grpc.aio.ServicerContext):
-        run_id = self._runs.start(request.config_yaml, run_id=request.run_id, resume=request.resume)
+        run_id = await self._runs.start(request.config_yaml, run_id=request.run_id, resume=request.resume)
         return trainer_pb2.StartRunResponse(run_id=run_id)
 
     async def WatchRun(

@@ -3,7 +3,9 @@
 Key names follow soup-cli's GRPO trainer (``base``, ``output``, ``data.train``, ``training.lr``,
 ``training.reward_fn``, ``training.lora.r`` ...) plus a ``services`` block with the reward and rollout
 addresses. Every model forbids unknown keys, and every error names the dotted key it is about
-(``training.lora.r: ...``).
+(``training.lora.r: ...``). No number anywhere in the config may be NaN or infinite: every float field refuses
+them (``allow_inf_nan=False`` on every model) and so does every free-form parameter mapping
+(:data:`FiniteParams`), so a hostile ``lr: .nan`` never reaches the optimizer.
 
 Example::
 
@@ -26,7 +28,6 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -38,8 +39,13 @@ from pydantic import (
     model_validator,
 )
 
+from grpo_runtime.config import ConfigError as YamlError
+from grpo_runtime.config import safe_load_yaml
 from trainer_service.config.rollout_targets import parse_target
 from trainer_service.config.variants import VariantConfigError, validate_variant_params
+
+# |weight| of one reward term; larger weights only overflow the weighted sum.
+MAX_REWARD_WEIGHT = 1e6
 
 
 class ConfigError(ValueError):
@@ -51,7 +57,35 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+def _non_finite_at(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first NaN/inf float inside nested dicts and lists, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "value"
+    if isinstance(value, dict):
+        items = ((f"{path}.{key}" if path else str(key), item) for key, item in value.items())
+    elif isinstance(value, list):
+        items = ((f"{path}[{index}]", item) for index, item in enumerate(value))
+    else:
+        return None
+    for inner_path, item in items:
+        found = _non_finite_at(item, inner_path)
+        if found is not None:
+            return found
+    return None
+
+
+def _all_finite(value: Any) -> Any:
+    found = _non_finite_at(value)
+    if found is not None:
+        raise ValueError(f"holds a non-finite number (NaN or infinity) at {found}")
+    return value
+
+
+# A free-form parameter mapping (reward, variant and backend parameters): any JSON-like value, numbers finite.
+FiniteParams = Annotated[dict[str, Any], AfterValidator(_all_finite)]
 
 
 class DataConfig(_Strict):
@@ -87,8 +121,8 @@ class RewardTerm(_Strict):
     """One reward function of the sum ``R = Σ weight·value`` (TRL ``reward_weights``)."""
 
     name: str
-    weight: float = 1.0
-    params: dict[str, Any] = Field(default_factory=dict)
+    weight: float = Field(default=1.0, ge=-MAX_REWARD_WEIGHT, le=MAX_REWARD_WEIGHT)
+    params: FiniteParams = Field(default_factory=dict)
 
 
 class TrainingConfig(_Strict):
@@ -97,7 +131,7 @@ class TrainingConfig(_Strict):
     epochs: float = Field(default=1.0, gt=0)  # num_train_epochs
     # Optimizer steps; -1 = derived from epochs.
     max_steps: int = Field(default=-1, ge=-1)
-    lr: float = Field(default=1e-5, gt=0)  # learning_rate
+    lr: float = Field(default=1e-5, gt=0, le=1.0)  # learning_rate
     # Completions (not prompts) per device per micro-step: TRL per_device_train_batch_size.
     batch_size: int = Field(default=8, ge=1)
     gradient_accumulation_steps: int = Field(default=1, ge=1)
@@ -110,8 +144,9 @@ class TrainingConfig(_Strict):
     grpo_epsilon: float = Field(default=0.2, gt=0)
     grpo_epsilon_high: float | None = Field(default=None, gt=0)
     # Extra variant parameters (validated by the variant module).
-    variant_params: dict[str, Any] = Field(default_factory=dict)
-    temperature: float = Field(default=1.0, gt=0)
+    variant_params: FiniteParams = Field(default_factory=dict)
+    # The rollout service's sampling range (0 = greedy is not GRPO: a group of identical completions).
+    temperature: float = Field(default=1.0, ge=0.01, le=100.0)
     top_p: float = Field(default=1.0, gt=0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -120,7 +155,7 @@ class TrainingConfig(_Strict):
     # "accuracy,format" or "accuracy:2.0,format:0.5"; a loaded model is "prm:NAME" / "orm:NAME".
     reward_fn: str = "accuracy"
     # Per-reward parameters, by reward name: {"length": {"max_len": 64}}.
-    reward_params: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    reward_params: dict[str, FiniteParams] = Field(default_factory=dict)
     # Name of a PRM loaded on the reward service; when set it REPLACES reward_fn (as in soup-cli).
     prm_reward: str | None = None
     prm_aggregate: Literal["min", "prod", "last", "mean"] = "min"
@@ -138,8 +173,8 @@ class TrainingConfig(_Strict):
     # A checkpoint directory, or true = the newest checkpoint in the output dir.
     resume_from_checkpoint: str | bool | None = None
     # Passed through to TRL/accelerate for multi-GPU runs (launch with `accelerate launch`).
-    deepspeed_config: str | dict[str, Any] | None = None
-    fsdp_config: dict[str, Any] | None = None
+    deepspeed_config: str | FiniteParams | None = None
+    fsdp_config: FiniteParams | None = None
     # Overlap generation of the next batch with the optimizer step (bounded by max_staleness versions).
     async_rollout: bool = False
     max_staleness: int = Field(default=1, ge=0)
@@ -312,8 +347,10 @@ def parse_reward_fn(spec: str) -> list[tuple[str, float]]:
                 name = head.strip()
                 if not name:
                     raise ValueError(f"entry {index} {part!r} has a weight but no reward name")
-                if not math.isfinite(weight):
-                    raise ValueError(f"entry {index} {part!r} has a non-finite weight")
+                if not math.isfinite(weight) or abs(weight) > MAX_REWARD_WEIGHT:
+                    raise ValueError(
+                        f"entry {index} {part!r} needs a finite weight of magnitude <= {MAX_REWARD_WEIGHT:g}"
+                    )
         if name in {existing for existing, _ in terms}:
             raise ValueError(f"reward {name!r} is listed twice")
         terms.append((name, weight))
@@ -354,12 +391,16 @@ def _check_cross_fields(config: RunConfig) -> None:
 
 
 def parse_config(source: str | dict[str, Any]) -> RunConfig:
-    """Validate a config from YAML text or a dict; raise ConfigError naming the dotted key."""
+    """Validate a config from YAML text or a dict; raise ConfigError naming the dotted key.
+
+    YAML text is parsed within :data:`grpo_runtime.config.DEFAULT_YAML_LIMITS` (size, depth, aliases); a
+    server parses it off its event loop first (``safe_load_yaml_async``) and passes the dict.
+    """
     if isinstance(source, str):
         try:
-            raw: Any = yaml.safe_load(source)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"not valid YAML: {exc}") from exc
+            raw: Any = safe_load_yaml(source, what="config")
+        except YamlError as exc:
+            raise ConfigError(str(exc).removeprefix("config: ")) from exc
     else:
         raw = source
     if not isinstance(raw, dict):

@@ -5,13 +5,20 @@ one run must never take the service down). The worker puts :class:`JobEvent` obj
 queue; one reader thread per run moves them into the run's history on the service's event loop, where
 :meth:`RunManager.watch` streams them: first the history, then live events, ending when the run ends. A worker
 that dies without reporting an end is marked FAILED with its exit code.
+
+StartRun's caller may be hostile: its YAML is parsed off the event loop within size, depth and alias limits,
+every path in it is confined to the service's roots (:mod:`trainer_service.core.confinement`), at most
+``max_concurrent_runs`` runs live at once, and an output directory a live worker holds (its lock, see
+:mod:`trainer_service.core.output_dir`) is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import queue as queue_module
+import re
 import threading
 import time
 import uuid
@@ -20,12 +27,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from grpo_runtime.config import ConfigError as YamlError
+from grpo_runtime.config import safe_load_yaml_async
+from grpo_runtime.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
 from trainer_service.config.run_config import ConfigError, parse_config
+from trainer_service.core.confinement import RunRoots, confine
+from trainer_service.core.output_dir import check_unlocked
 from trainer_service.core.types import JobEvent, RunInfo, RunState
 from trainer_service.core.worker import WORKER_LOG, run_worker
+from trainer_service.settings import TrainerServiceSettings
 
 _SPAWN = multiprocessing.get_context("spawn")
+_RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 @dataclass
@@ -67,35 +86,47 @@ def _log_tail(path: Path, lines: int = 20) -> str:
 class RunManager:
     """Starts, watches and stops runs. Create it inside the running event loop (the servicer's)."""
 
-    def __init__(self, *, poll_s: float = 0.5):
+    def __init__(self, settings: TrainerServiceSettings | None = None, *, poll_s: float = 0.5):
         self._loop = asyncio.get_running_loop()
         self._runs: dict[str, _Run] = {}
         self._poll_s = poll_s
+        self._settings = settings or TrainerServiceSettings()
+        self._roots = RunRoots.of(self._settings)
 
     # -- starting -----------------------------------------------------------------------------------------
-    def start(self, config_yaml: str, run_id: str = "", resume: bool = False) -> str:
+    async def start(self, config_yaml: str, run_id: str = "", resume: bool = False) -> str:
         """Validate the config and start its worker; returns the run id."""
         try:
-            config = parse_config(config_yaml)
+            raw = await safe_load_yaml_async(config_yaml, what="config_yaml")
+            config = parse_config(raw)
+        except YamlError as exc:
+            raise InvalidArgument(str(exc).removeprefix("config_yaml: "), field="config_yaml") from exc
         except ConfigError as exc:
             raise InvalidArgument(str(exc), field="config_yaml") from exc
+        self._check_run_id(run_id)
+        # Path resolution, mkdir and the lock probe touch the file system: off the loop. The capacity is
+        # checked after the paths so that a bad path is reported as such whatever the load.
+        output_dir = await asyncio.to_thread(confine, config, self._roots)
+        self._check_capacity()
+        await asyncio.to_thread(self._prepare_output, output_dir)
+        # Checked again: other StartRuns may have registered while this one waited.
+        self._check_run_id(run_id)
+        self._check_capacity()
         run_id = run_id or uuid.uuid4().hex[:12]
-        if run_id in self._runs:
-            raise AlreadyExists(f"run {run_id!r} already exists", field="run_id")
-        output_dir = config.output_dir.resolve()
         for other in self._runs.values():
             if not other.state.ended and other.output_dir == output_dir:
                 raise FailedPrecondition(
-                    f"run {other.run_id!r} is still writing to {output_dir}; choose another output or "
-                    "experiment_name",
+                    f"output: run {other.run_id!r} is still writing to {output_dir}; choose another "
+                    "output or experiment_name",
                     field="config_yaml",
                 )
         events = _SPAWN.Queue()
         stop_event = _SPAWN.Event()
-        output_dir.mkdir(parents=True, exist_ok=True)
+        # Started from the loop's thread, which lives as long as the service: the worker's parent-death
+        # signal fires when the thread that forked it ends.
         process = _SPAWN.Process(
             target=run_worker,
-            args=(config_yaml, resume, events, stop_event, output_dir / WORKER_LOG),
+            args=(config_yaml, resume, events, stop_event, output_dir / WORKER_LOG, os.getpid()),
             name=f"grpo-run-{run_id}",
             daemon=False,
         )
@@ -114,6 +145,35 @@ class RunManager:
             target=self._read_events, args=(run,), name=f"grpo-run-{run_id}-events", daemon=True
         ).start()
         return run_id
+
+    def _check_run_id(self, run_id: str) -> None:
+        if run_id and not _RUN_ID.fullmatch(run_id):
+            raise InvalidArgument(
+                "must be 1 to 64 letters, digits, '.', '_' or '-' (or empty for a generated id)",
+                field="run_id",
+            )
+        if run_id and run_id in self._runs:
+            raise AlreadyExists(f"run {run_id!r} already exists", field="run_id")
+
+    def _check_capacity(self) -> None:
+        live = sum(not run.state.ended for run in self._runs.values())
+        if live >= self._settings.max_concurrent_runs:
+            raise ResourceExhausted(
+                f"{live} runs are live, at most {self._settings.max_concurrent_runs}; wait for one to end or "
+                "stop one",
+                field="max_concurrent_runs",
+            )
+
+    @staticmethod
+    def _prepare_output(output_dir: Path) -> None:
+        """Create the (confined) output directory; FailedPrecondition when a live worker holds it."""
+        try:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            check_unlocked(output_dir)
+        except OSError as exc:
+            raise InvalidArgument(
+                f"output: cannot use {output_dir}: {exc.strerror or exc}", field="config_yaml"
+            ) from exc
 
     # -- event plumbing -----------------------------------------------------------------------------------
     def _read_events(self, run: _Run) -> None:

@@ -4,17 +4,29 @@ The worker parses the config again, runs :func:`trainer_service.training.job.run
 on a multiprocessing queue. Its last event always has an ended state: COMPLETED, STOPPED, or FAILED with the
 error. A crash that kills the process outright (segfault, OOM kill) is noticed by the run manager instead,
 which then reports the tail of the worker's log (its stdout and stderr, ``<output>/worker.log``).
+
+The worker never outlives the service that started it: it leads its own process group (the reward and rollout
+services it may start for the run are in it), asks the kernel for SIGTERM when its parent dies
+(``prctl(PR_SET_PDEATHSIG)``) and, should that be missed, a watchdog thread polls the parent's pid; either
+way the whole group is SIGKILLed. It holds the output directory's lock for its life and, on a resume of a
+run that already completed, trains nothing (:mod:`trainer_service.core.output_dir`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
+import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from trainer_service.config.run_config import parse_config
+from grpo_runtime.config import ADMIN_TOKEN_ENV
+from trainer_service.config.run_config import RunConfig, parse_config
+from trainer_service.core import output_dir as outputs
 from trainer_service.core.types import JobEvent, RunState
 from trainer_service.training.job import run_job
 
@@ -22,12 +34,61 @@ log = logging.getLogger(__name__)
 
 WORKER_LOG = "worker.log"
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PARENT_POLL_S = 0.25
 
-def run_worker(config_yaml: str, resume: bool, queue: Any, stop_event: Any, log_path: Path) -> None:
+
+def _kill_own_group(*_: Any) -> None:
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_S)
+    _kill_own_group()
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Kill this worker's process group as soon as ``parent_pid`` (the service) is gone."""
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGTERM, _kill_own_group)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        logging.getLogger(__name__).warning("prctl(PR_SET_PDEATHSIG) failed (errno %d)", ctypes.get_errno())
+    if os.getppid() != parent_pid:  # died before the prctl took effect
+        _kill_own_group()
+    threading.Thread(target=_watch_parent, args=(parent_pid,), name="parent-watchdog", daemon=True).start()
+
+
+def _already_completed(config: RunConfig, resume: bool) -> JobEvent | None:
+    """The final event of a resume with nothing left to train, else None; a fresh run forgets a completion."""
+    output_dir = config.output_dir
+    if not resume:
+        outputs.clear_completion(output_dir)
+        return None
+    done = outputs.completed_step(output_dir)
+    max_steps = config.training.max_steps
+    if done is None or (max_steps != -1 and max_steps > done):
+        return None
+    return JobEvent(
+        step=done,
+        total_steps=done,
+        state=RunState.COMPLETED,
+        message=f"run already completed at step {done}; nothing to resume ({output_dir} left unchanged)",
+    )
+
+
+def run_worker(
+    config_yaml: str, resume: bool, queue: Any, stop_event: Any, log_path: Path, parent_pid: int
+) -> None:
     """Train one run; put :class:`JobEvent` objects on ``queue``; ``stop_event`` asks for a stop at a step
-    end. The process's stdout and stderr (file descriptors 1 and 2) are appended to ``log_path``.
+    end. The process's stdout and stderr (file descriptors 1 and 2) are appended to ``log_path``; it dies
+    with ``parent_pid``.
     """
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    _die_with_parent(parent_pid)
+    # The service's own admin token is not the run's: a run sends only the token its config names.
+    os.environ.pop(ADMIN_TOKEN_ENV, None)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     os.close(log_fd)
@@ -39,7 +100,15 @@ def run_worker(config_yaml: str, resume: bool, queue: Any, stop_event: Any, log_
 
     try:
         config = parse_config(config_yaml)
+        # Kept open (and so locked) until this process exits.
+        outputs.hold_lock(config.output_dir)
+        finished = _already_completed(config, resume)
+        if finished is not None:
+            queue.put(finished)
+            return
         result = run_job(config, sink=sink, stop_flag=stop_event, resume=resume)
+        if result.state is RunState.COMPLETED:
+            outputs.record_completion(config.output_dir, result.step, result.total_steps)
     except BaseException as exc:  # the worker must always report how it ended
         log.exception("run failed")
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()

@@ -1,4 +1,5 @@
-"""Helpers shared by the trainer integration tests: a short run's config, a crash-and-restart event sink."""
+"""Helpers shared by the trainer integration tests: a short run's config, confined service settings, a
+crash-and-restart event sink."""
 
 from __future__ import annotations
 
@@ -13,6 +14,20 @@ import pytest
 
 from trainer_service.core.types import JobEvent
 from trainer_service.local.launcher import ServiceProcess
+from trainer_service.settings import TrainerServiceSettings
+
+
+def confined_settings(root: Path, **overrides) -> TrainerServiceSettings:
+    """Trainer service settings whose runs root is ``root/runs``, data root ``root`` and secret root
+    ``root/secrets``: what a StartRun of these tests may touch."""
+    fields = {
+        "stop_grace_s": 5.0,
+        "runs_root": root / "runs",
+        "data_roots": [root],
+        "secret_roots": [root / "secrets"],
+        **overrides,
+    }
+    return TrainerServiceSettings(**fields)
 
 
 def run_config(

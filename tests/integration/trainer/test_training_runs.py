@@ -99,9 +99,12 @@ def test_full_fine_tuning_pushes_the_whole_state_dict(tiny_models, services, tra
 
 
 @pytest.fixture
-async def trainer_stub():
-    """TrainerService as ``python -m trainer_service`` assembles it, on a loopback port of this process."""
-    bindings, cleanup = await build(TrainerServiceSettings(stop_grace_s=10))
+async def trainer_stub(tmp_path_factory):
+    """TrainerService as ``python -m trainer_service`` assembles it, on a loopback port of this process; runs
+    and data may be anywhere under pytest's temporary directory."""
+    tmp = tmp_path_factory.getbasetemp()
+    settings = TrainerServiceSettings(stop_grace_s=10, runs_root=tmp, data_roots=[tmp])
+    bindings, cleanup = await build(settings)
     async with GrpcServer(ServerConfig(port=0), bindings) as server:
         async with grpc.aio.insecure_channel(server.address) as channel:
             yield trainer_pb2_grpc.TrainerServiceStub(channel)

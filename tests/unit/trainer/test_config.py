@@ -48,7 +48,7 @@ def test_output_dir_joins_experiment_name():
         (with_training(num_generations=1), "training.num_generations", "greater than or equal to 2"),
         (with_training(grpo_beta=-0.1), "training.grpo_beta", "greater than or equal to 0"),
         (with_training(top_p=1.5), "training.top_p", "less than or equal to 1"),
-        (with_training(temperature=0), "training.temperature", "greater than 0"),
+        (with_training(temperature=0), "training.temperature", "greater than or equal to 0.01"),
         (with_training(lora={"r": -1}), "training.lora.r", "greater than or equal to 0"),
         (with_training(lora={"rank": 8}), "training.lora.rank", "unknown key"),
         (with_training(lora={"dropout": 1.0}), "training.lora.dropout", "less than 1"),
@@ -57,7 +57,7 @@ def test_output_dir_joins_experiment_name():
         (with_training(reward_fn="accuracy,,format"), "training.reward_fn", "entry 1 is empty"),
         (with_training(reward_fn="accuracy,accuracy:2"), "training.reward_fn", "listed twice"),
         (with_training(reward_fn=":2.0"), "training.reward_fn", "no reward name"),
-        (with_training(reward_fn="accuracy:inf"), "training.reward_fn", "non-finite"),
+        (with_training(reward_fn="accuracy:inf"), "training.reward_fn", "needs a finite weight"),
         (with_training(save_steps=-1), "training.save_steps", "greater than or equal to 0"),
         (with_training(max_staleness=-1), "training.max_staleness", "greater than or equal to 0"),
         (with_training(report_to=[]), "training.report_to", "at least one"),
@@ -93,7 +93,7 @@ def test_bad_config_names_the_key(source, key, fragment):
 
 def test_not_a_mapping_and_bad_yaml():
     assert "mapping" in str(error_of("- a\n- b\n"))
-    assert "not valid YAML" in str(error_of("base: [unclosed\n"))
+    assert "invalid YAML" in str(error_of("base: [unclosed\n"))
 
 
 def test_load_config_reads_yaml_file(tmp_path):

@@ -1,0 +1,82 @@
+"""What the service keeps in a run's output directory besides the training outputs.
+
+- ``.run.lock``: ``flock``-ed by the worker that writes the directory, for its whole life, its pid inside.
+  The kernel drops the lock when that process dies however it dies, so a lock that cannot be taken means a
+  live writer — possibly one left by an earlier service process — and a second run or a resume is refused.
+- ``run_completed.json``: written when a run completes (``{"step": N, "total_steps": N}``), removed when a
+  fresh (non-resumed) run starts in the directory. A resume of a completed run reads it and trains nothing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+
+from grpo_runtime.errors import FailedPrecondition
+
+LOCK_FILE = ".run.lock"
+COMPLETED_FILE = "run_completed.json"
+
+
+def _open_lock(output_dir: Path) -> int:
+    # O_NOFOLLOW: a symlink planted as the lock file must not make us create or truncate a file elsewhere.
+    return os.open(output_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+
+
+def _locked_error(output_dir: Path, fd: int) -> FailedPrecondition:
+    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    return FailedPrecondition(
+        f"output: {output_dir} is being written by a live run worker (pid {holder}); stop that run or choose "
+        "another output or experiment_name",
+        field="config_yaml",
+    )
+
+
+def hold_lock(output_dir: Path) -> int:
+    """Take the directory's lock for this process (returns the fd to keep open); FailedPrecondition naming
+    ``output`` when another live process holds it."""
+    fd = _open_lock(output_dir)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        error = _locked_error(output_dir, fd)
+        os.close(fd)
+        raise error from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def check_unlocked(output_dir: Path) -> None:
+    """FailedPrecondition naming ``output`` when a live process holds the directory's lock (taken and released
+    at once: the worker takes it for good when it starts)."""
+    if not (output_dir / LOCK_FILE).exists():
+        return
+    fd = _open_lock(output_dir)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _locked_error(output_dir, fd) from None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def record_completion(output_dir: Path, step: int, total_steps: int) -> None:
+    (output_dir / COMPLETED_FILE).write_text(json.dumps({"step": step, "total_steps": total_steps}) + "\n")
+
+
+def clear_completion(output_dir: Path) -> None:
+    (output_dir / COMPLETED_FILE).unlink(missing_ok=True)
+
+
+def completed_step(output_dir: Path) -> int | None:
+    """The final step of the run that completed in ``output_dir``; None if none did (or the record is bad)."""
+    try:
+        record = json.loads((output_dir / COMPLETED_FILE).read_text())
+        return int(record["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
