@@ -13,6 +13,7 @@ vLLM clamps T below 1e-2 to 1e-2 for the same reason, here it is refused instead
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -81,7 +82,7 @@ def validate_sampling(s: SamplingSpec) -> SamplingSpec:
     if s.seed is not None and not 0 <= s.seed < 2**63:
         raise InvalidArgument("must be < 2**63", field="sampling.seed")
     if s.top_k == -1:
-        return SamplingSpec(**{**s.__dict__, "top_k": 0})
+        return dataclasses.replace(s, top_k=0)
     return s
 
 
@@ -123,6 +124,8 @@ class RequestValidator:
                 field="n",
             )
         sampling = validate_sampling(request.sampling)
+        if sampling.top_k >= self.vocab_size:  # keeps every token: the same as off, for every engine
+            sampling = dataclasses.replace(sampling, top_k=0)
         budget = len(request.prompts) * request.n * sampling.max_tokens
         if budget > self.max_request_tokens:
             raise ResourceExhausted(
@@ -158,6 +161,10 @@ class RequestValidator:
                 f"set exactly one of messages, text, token_ids (given: {given})", field=field
             )
         if prompt.messages:
+            if self.tokenizer.chat_template is None:
+                raise InvalidArgument(
+                    "this model has no chat template; send text or token_ids", field=f"{field}.messages"
+                )
             for j, (role, _) in enumerate(prompt.messages):
                 if not role:
                     raise InvalidArgument("role must not be empty", field=f"{field}.messages[{j}].role")

@@ -120,6 +120,15 @@ def test_a_chat_template_that_refuses_the_messages_is_invalid_argument(validator
     with pytest.raises(InvalidArgument) as info:
         strict.to_job(request(PromptInput(messages=(("user", "hi"),))))
     assert info.value.field == "prompts[0].messages" and "roles must alternate" in info.value.message
+    tokenizer.chat_template = None
+    with pytest.raises(InvalidArgument, match="no chat template") as info:
+        strict.to_job(request(PromptInput(messages=(("user", "hi"),))))
+    assert info.value.field == "prompts[0].messages"
+
+
+def test_a_top_k_past_the_vocabulary_is_off(validator):
+    assert validator.to_job(request(TEXT, top_k=2**31 - 1)).sampling.top_k == 0
+    assert validator.to_job(request(TEXT, top_k=5)).sampling.top_k == 5
 
 
 def test_completions_with_non_finite_logprobs_or_foreign_tokens_never_pass():
