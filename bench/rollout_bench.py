@@ -262,7 +262,9 @@ def bench_weights(
 
 
 def bench_engine(engine: str, model: str, rounds: int, work: Path, only_weights: bool = False) -> dict:
-    settings = RolloutSettings(model=model, engine=engine, max_model_len=512, vllm={"max_lora_rank": 16})
+    settings = RolloutSettings(
+        model=model, engine=engine, max_model_len=512, weights_root=str(work), vllm={"max_lora_rank": 16}
+    )
     start = time.perf_counter()
     server = BackgroundServer(settings).start()
     out: dict = {"engine": engine, "start_s": time.perf_counter() - start}
