@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from reward_service.rewards.base import missing_metadata
-from reward_service.sandbox.runner import RunSession, SandboxRunner
+from reward_service.sandbox.runner import RunResult, SandboxRunner
 from reward_service.types import ComponentResult, ParamInfo, RewardDescription, Sample
 
 # open-r1 `extract_code` takes the last ```python block; ```py is accepted too.
@@ -75,33 +75,68 @@ class CodeReward:
 
     async def score(self, samples: Sequence[Sample], params: dict[str, Any]) -> list[ComponentResult]:
         assert self._runner is not None  # the scorer refuses `code` when the sandbox is unavailable
-        # One session per request: its runs take turns with other requests' and share its CPU budget.
-        session = self._runner.session()
-        return list(await asyncio.gather(*(self._one(s, params, session) for s in samples)))
+        prepared = [self._prepare(sample, params) for sample in samples]
+        jobs = []  # (sample index, program, stdin)
+        for k, p in enumerate(prepared):
+            if isinstance(p, tuple):
+                program, tests = p
+                jobs += [(k, program, stdin) for stdin, _ in tests]
+        runs = await self._run_all([(program, stdin) for _, program, stdin in jobs])
+        by_sample: dict[int, list[RunResult]] = {}
+        for (k, _, _), run in zip(jobs, runs, strict=True):
+            by_sample.setdefault(k, []).append(run)
+        return [
+            p if isinstance(p, ComponentResult) else _grade(by_sample[k], p[1])
+            for k, p in enumerate(prepared)
+        ]
 
-    async def _one(self, sample: Sample, params: dict[str, Any], session: RunSession) -> ComponentResult:
+    def _prepare(
+        self, sample: Sample, params: dict[str, Any]
+    ) -> ComponentResult | tuple[str, list[tuple[str, str]]]:
+        """(program, tests) to run, or the sample's result when there is nothing to run."""
         assert self._runner is not None
         if "tests" not in sample.metadata and "expected" not in sample.metadata:
             return missing_metadata("tests' or 'expected")
+        cap = self._runner.settings.max_tests_per_sample
+        count = len(sample.metadata["tests"]) if isinstance(sample.metadata.get("tests"), list) else 1
+        if count > cap:
+            return ComponentResult(
+                error=f"metadata 'tests' has {count} tests, at most {cap} (sandbox.max_tests_per_sample)"
+            )
         tests = parse_tests(sample.metadata)
         if isinstance(tests, str):
             return ComponentResult(error=tests)
-        cap = self._runner.settings.max_tests_per_sample
-        if len(tests) > cap:
-            return ComponentResult(
-                error=f"metadata 'tests' has {len(tests)} tests, at most {cap} (sandbox.max_tests_per_sample)"
-            )
         program = extract_program(sample.completion, params["whole_text_fallback"])
         if program is None:
             return ComponentResult(value=0.0, error="no ```python code block in the completion")
-        runs = await asyncio.gather(*(self._runner.run(program, stdin, session) for stdin, _ in tests))
-        passed, reasons = 0, []
-        for i, (run, (_, expected)) in enumerate(zip(runs, tests, strict=True)):
-            if run.failure:
-                reasons.append(f"test {i}: {run.failure}")
-            elif same_output(run.stdout, expected):
-                passed += 1
-            else:
-                reasons.append(f"test {i}: wrong output")
-        value = passed / len(tests)
-        return ComponentResult(value=value, error=reasons[0] if reasons else "")
+        return program, tests
+
+    async def _run_all(self, jobs: list[tuple[str, str]]) -> list[RunResult]:
+        """Runs (program, stdin) jobs in one session (one per request: its runs take turns with other
+        requests' and share its CPU budget), at most ``concurrency`` at a time: no task per pending test."""
+        assert self._runner is not None
+        session = self._runner.session()
+        results: list[RunResult | None] = [None] * len(jobs)
+        pending = iter(enumerate(jobs))
+
+        async def worker() -> None:
+            for k, (program, stdin) in pending:
+                results[k] = await self._runner.run(program, stdin, session)
+
+        workers = min(self._runner.settings.concurrency, len(jobs))
+        await asyncio.gather(*(worker() for _ in range(workers)))
+        assert all(r is not None for r in results)
+        return results  # type: ignore[return-value]
+
+
+def _grade(runs: list[RunResult], tests: list[tuple[str, str]]) -> ComponentResult:
+    """value = passed / len(tests); error = the first failing test's reason."""
+    passed, reasons = 0, []
+    for i, (run, (_, expected)) in enumerate(zip(runs, tests, strict=True)):
+        if run.failure:
+            reasons.append(f"test {i}: {run.failure}")
+        elif same_output(run.stdout, expected):
+            passed += 1
+        else:
+            reasons.append(f"test {i}: wrong output")
+    return ComponentResult(value=passed / len(tests), error=reasons[0] if reasons else "")

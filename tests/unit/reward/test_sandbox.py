@@ -272,3 +272,23 @@ async def test_a_cancelled_request_kills_its_runs_and_frees_the_slot(namespaces_
 
 def _with_marker(marker: str) -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+
+
+async def test_a_request_keeps_at_most_concurrency_runs_in_flight(namespaces_available):
+    """Many tests queue as data, not as one task each (a request with thousands of tests holds no
+    thousands of coroutines)."""
+    settings = SETTINGS.model_copy(update={"concurrency": 2})
+    reward = CodeReward(SandboxRunner(settings), True, "")
+    samples = [
+        Sample(id=str(i), completion=_fenced("print(1)"), metadata={"tests": [{"output": "1"}] * 10})
+        for i in range(4)
+    ]
+    before = len(asyncio.all_tasks())
+    scoring = asyncio.ensure_future(reward.score(samples, _code_params(reward)))
+    most = 0
+    while not scoring.done():
+        most = max(most, len(asyncio.all_tasks()) - before)
+        await asyncio.sleep(0.02)
+    assert [r.value for r in scoring.result()] == [1.0] * 4
+    # The request, and per slot a worker and its run's four stream tasks; one task per test would be 40+.
+    assert most <= 1 + settings.concurrency * 6, most
