@@ -6,8 +6,8 @@ Around the backend's isolation the runner adds:
   65534): the kernel does not apply ``RLIMIT_NPROC`` to uid 0, and root inside the sandbox must own nothing
   outside it;
 * the limits of ``limits.RunLimits`` and a wall-clock timeout; at the timeout, an output overflow or a
-  cancelled request the whole process group is ``SIGKILL``ed; the sandbox's init dies with it and the kernel
-  kills everything left in its PID namespace (daemons included);
+  cancelled request the sandbox's PID 1 is ``SIGKILL``ed, the kernel kills everything left in its PID
+  namespace (daemons included), then the sandbox's process group;
 * stdin from an in-memory file, stdout and stderr read up to ``max_output_bytes`` (more kills the run); of
   stderr only a sanitized excerpt of ``error_excerpt_bytes`` ever leaves the runner (``RunResult.failure``);
 * fair sharing: run slots are handed out round-robin between sessions (one per Score request), and each
