@@ -15,6 +15,7 @@ from rollout_service.core.rollout import RolloutCore
 from rollout_service.core.types import (
     FinishReason,
     GenerateRequest,
+    GenerationJob,
     PromptInput,
     SamplingSpec,
     WeightFormat,
@@ -245,3 +246,30 @@ async def test_level_two_sleep_frees_weights_until_a_push(tiny_models):
         assert torch.equal(state["model.layers.0.input_layernorm.weight"], torch.full((512,), 0.5))
     finally:
         await core.close()
+
+
+def test_a_cancelled_job_stops_within_a_step_and_its_later_batches_are_never_built(tiny_models):
+    """40 prompts × n 2 in batches of 4 rows: cancelled during the first batch's decode, the job
+    costs a few more forward passes, not the 19 other batches; a second job in the same engine
+    call is served in full."""
+    engine = HFEngine(str(tiny_models["policy"]), max_batch_size=4)
+    sampling = SamplingSpec(max_tokens=50, min_tokens=50)
+    doomed = GenerationJob(prompt_token_ids=[[5 + i, 6, 7] for i in range(40)], n=2, sampling=sampling)
+    kept = GenerationJob(prompt_token_ids=[[9, 10]], n=1, sampling=SamplingSpec(max_tokens=3, min_tokens=3))
+    forwards = []
+
+    def cancel_after_five_steps(*_):
+        forwards.append(1)
+        if len(forwards) == 5:
+            doomed.cancel.cancel()
+
+    hook = engine.model.register_forward_hook(cancel_after_five_steps)
+    try:
+        engine.generate([doomed, kept])
+    finally:
+        hook.remove()
+    assert len(forwards) <= 5 + 1 + 4  # the step that saw the cancel, then kept's own batch
+    assert all(r.finish_reason == FinishReason.ABORT for r in doomed.results)
+    assert sum(len(r.token_ids) for r in doomed.results) <= 4 * 5
+    assert [len(r.token_ids) for r in kept.results] == [3]
+    assert kept.results[0].finish_reason == FinishReason.LENGTH
