@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
@@ -12,6 +13,7 @@ from grpo_runtime.server import Cleanup, ServiceBinding
 from reward_service.api.reward import RewardServicer
 from reward_service.core.scorer import ScoreLimits, Scorer
 from reward_service.mathverify.pool import MathVerifyPool
+from reward_service.rewards.base import ThreadRunner
 from reward_service.rewards.registry import builtin_rewards
 from reward_service.sandbox.runner import SandboxRunner, open_runner
 from reward_service.settings import RewardSettings
@@ -51,6 +53,7 @@ class RewardService:
     pool: MathVerifyPool
     registry: ModelRegistry | None
     settings: RewardSettings
+    text_threads: ThreadPoolExecutor
 
     def bindings(self) -> list[ServiceBinding]:
         bindings = [
@@ -75,6 +78,7 @@ class RewardService:
         if self.registry is not None:
             await self.registry.close()
         await self.pool.close()
+        self.text_threads.shutdown(wait=False, cancel_futures=True)
 
 
 async def start_reward_service(settings: RewardSettings) -> RewardService:
@@ -100,8 +104,10 @@ async def start_reward_service(settings: RewardSettings) -> RewardService:
         if registry is not None:
             await registry.close()
         raise
+    text_threads = ThreadPoolExecutor(settings.text_threads, thread_name_prefix="text-reward")
+    runner = ThreadRunner(settings.text_deadline_s, settings.text_budget_s, text_threads)
     scorer = Scorer(
-        builtin_rewards(pool, sandbox, available, status, settings),
+        builtin_rewards(pool, sandbox, available, status, runner),
         registry,
         max_concurrent=settings.max_concurrent_requests,
         limits=ScoreLimits(
@@ -113,7 +119,9 @@ async def start_reward_service(settings: RewardSettings) -> RewardService:
             max_metadata_chars=settings.max_metadata_chars,
         ),
     )
-    return RewardService(scorer=scorer, pool=pool, registry=registry, settings=settings)
+    return RewardService(
+        scorer=scorer, pool=pool, registry=registry, settings=settings, text_threads=text_threads
+    )
 
 
 async def build(settings: RewardSettings) -> tuple[list[ServiceBinding], Cleanup]:

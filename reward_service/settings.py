@@ -52,6 +52,12 @@ class RewardSettings(BaseModel):
     text_budget_s: float = Field(
         60.0, gt=0, description="Seconds all samples of one request may take in one text reward."
     )
+    text_threads: int = Field(
+        16,
+        ge=1,
+        description="Worker threads of the text rewards (their regex engine releases the GIL, so more "
+        "threads than cores keep one slow request from queueing the others).",
+    )
     stream_window: int = Field(4, ge=1, description="Requests of one ScoreStream scored at the same time.")
     mathverify: MathVerifySettings = Field(default_factory=MathVerifySettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)

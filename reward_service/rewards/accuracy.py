@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from reward_service.mathverify.pool import MathVerifyPool
-from reward_service.rewards.base import Deadline, gold_answer, missing_metadata, score_in_thread
+from reward_service.rewards.base import Deadline, ThreadRunner, gold_answer, missing_metadata
 from reward_service.types import ComponentResult, ParamInfo, RewardDescription, Sample
 
 ANSWER_KEY = ParamInfo(
@@ -71,9 +71,9 @@ class Accuracy:
     value when the gold cannot be parsed (TRL's None). ``mode="numeric"``: the seed's numeric tolerance
     instead."""
 
-    def __init__(self, pool: MathVerifyPool, *, deadline_s: float = 2.0, budget_s: float = 60.0):
+    def __init__(self, pool: MathVerifyPool, runner: ThreadRunner):
         self._pool = pool
-        self._numeric_limits = (deadline_s, budget_s)  # numeric mode runs in a thread, as text rewards
+        self._runner = runner  # numeric mode runs in a thread, as the text rewards
         self.description = RewardDescription(
             name="accuracy",
             description="math-verify: 1.0 if verify(gold, answer) else 0.0, gold unparseable -> unset (TRL "
@@ -102,7 +102,7 @@ class Accuracy:
             gold = gold_answer(s, key)
             return missing_metadata(key) if gold is None else numeric_value(gold, s.completion)
 
-        return await score_in_thread(samples, one, *self._numeric_limits)
+        return await self._runner.map(samples, one)
 
 
 def group_indices(samples: Sequence[Sample]) -> list[list[int]]:

@@ -6,6 +6,8 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from reward_service.types import ComponentResult, RewardDescription, Sample
@@ -51,63 +53,62 @@ class DeadlineExceeded(Exception):
 TextFn = Callable[[str, dict[str, Any], Deadline | None], float]
 
 
+@dataclass(frozen=True)
+class ThreadRunner:
+    """Runs per-sample work off the event loop: all samples of one request in one worker thread of
+    ``executor`` (None: asyncio's default), one after the other. Each sample gets ``deadline_s`` seconds
+    (its regexes run with that timeout on the ``regex`` engine, which releases the GIL while it matches, so
+    the event loop keeps answering) and the request as a whole ``budget_s``. A sample past either gets an
+    error naming the limit instead of a value; a cancelled request stops before its next sample."""
+
+    deadline_s: float = 2.0
+    budget_s: float = 60.0
+    executor: Executor | None = None
+
+    async def map(
+        self, samples: Sequence[Sample], one: Callable[[Sample, Deadline], ComponentResult]
+    ) -> list[ComponentResult]:
+        """``one(sample, deadline)`` for each sample, within the limits; one result per sample."""
+        stop = threading.Event()
+
+        def run() -> list[ComponentResult]:
+            budget_end = time.monotonic() + self.budget_s
+            results = []
+            for sample in samples:
+                deadline = Deadline(self.deadline_s, budget_end, stop)
+                try:
+                    deadline.remaining()
+                    results.append(one(sample, deadline))
+                except (DeadlineExceeded, TimeoutError):  # TimeoutError: a regex's timeout
+                    if stop.is_set():
+                        break
+                    results.append(ComponentResult(error=self._error(budget_end)))
+            return results
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, run)
+        finally:
+            stop.set()  # a cancelled caller: the thread stops at its next deadline check
+
+    def _error(self, budget_end: float) -> str:
+        if time.monotonic() >= budget_end:
+            return f"exceeded the request's time budget of {self.budget_s:g}s (text_budget_s)"
+        return f"exceeded the per-sample deadline of {self.deadline_s:g}s (text_deadline_s)"
+
+
 class TextReward:
-    """A reward computed from each completion's text alone (regexes, counting), off the event loop.
+    """A reward computed from each completion's text alone (regexes, counting), run by a ThreadRunner."""
 
-    All samples of one request run in one worker thread, one after the other; each gets ``deadline_s``
-    (its regexes run with that timeout on the ``regex`` engine, which releases the GIL while it matches,
-    so the event loop keeps answering), and the request as a whole gets ``budget_s``. A sample past either
-    gets an error naming the limit instead of a value; a cancelled request stops before its next sample.
-    """
-
-    def __init__(self, description: RewardDescription, fn: TextFn, *, deadline_s: float, budget_s: float):
+    def __init__(self, description: RewardDescription, fn: TextFn, runner: ThreadRunner):
         self.description = description
         self._fn = fn
-        self._deadline_s = deadline_s
-        self._budget_s = budget_s
+        self._runner = runner
 
     async def score(self, samples: Sequence[Sample], params: dict[str, Any]) -> list[ComponentResult]:
-        return await score_in_thread(
+        return await self._runner.map(
             samples,
             lambda s, deadline: ComponentResult(value=float(self._fn(s.completion, params, deadline))),
-            self._deadline_s,
-            self._budget_s,
         )
-
-
-async def score_in_thread(
-    samples: Sequence[Sample],
-    one: Callable[[Sample, Deadline], ComponentResult],
-    deadline_s: float,
-    budget_s: float,
-) -> list[ComponentResult]:
-    """``one(sample, deadline)`` for each sample in a worker thread, within the deadlines (see TextReward)."""
-    stop = threading.Event()
-
-    def run() -> list[ComponentResult]:
-        budget_end = time.monotonic() + budget_s
-        results = []
-        for sample in samples:
-            deadline = Deadline(deadline_s, budget_end, stop)
-            try:
-                deadline.remaining()
-                results.append(one(sample, deadline))
-            except (DeadlineExceeded, TimeoutError):  # TimeoutError: a regex's timeout
-                if stop.is_set():
-                    break
-                results.append(ComponentResult(error=deadline_error(deadline_s, budget_s, budget_end)))
-        return results
-
-    try:
-        return await asyncio.to_thread(run)
-    finally:
-        stop.set()  # a cancelled caller: the thread stops at its next deadline check
-
-
-def deadline_error(deadline_s: float, budget_s: float, budget_end: float) -> str:
-    if time.monotonic() >= budget_end:
-        return f"exceeded the request's time budget of {budget_s:g}s (text_budget_s)"
-    return f"exceeded the per-sample deadline of {deadline_s:g}s (text_deadline_s)"
 
 
 def missing_metadata(key: str) -> ComponentResult:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from reward_service.mathverify.pool import MathVerifyPool
 from reward_service.rewards.accuracy import Accuracy, CosineReward, LengthReward, SoftOverlong
-from reward_service.rewards.base import Reward
+from reward_service.rewards.base import Reward, ThreadRunner
 from reward_service.rewards.code import CodeReward
 from reward_service.rewards.json_schema import JsonSchemaReward
 from reward_service.rewards.text import text_rewards
 from reward_service.sandbox.runner import SandboxRunner
-from reward_service.settings import RewardSettings
 
 
 def builtin_rewards(
@@ -17,17 +16,14 @@ def builtin_rewards(
     sandbox: SandboxRunner | None,
     sandbox_available: bool,
     sandbox_status: str,
-    settings: RewardSettings | None = None,
+    runner: ThreadRunner | None = None,
 ) -> dict[str, Reward]:
     """Name → reward for every built-in, in DESIGN.md's order; ``code`` is described as unavailable when
-    the sandbox is refused. ``settings`` supplies the text rewards' deadlines (defaults when None)."""
-    settings = settings or RewardSettings()
-    text = {
-        r.description.name: r
-        for r in text_rewards(deadline_s=settings.text_deadline_s, budget_s=settings.text_budget_s)
-    }
+    the sandbox is refused. ``runner`` runs the text rewards (default limits when None)."""
+    runner = runner or ThreadRunner()
+    text = {r.description.name: r for r in text_rewards(runner)}
     rewards: list[Reward] = [
-        Accuracy(pool, deadline_s=settings.text_deadline_s, budget_s=settings.text_budget_s),
+        Accuracy(pool, runner),
         text["format"],
         text["tag_count"],
         text["reasoning_steps"],

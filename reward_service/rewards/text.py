@@ -7,7 +7,7 @@ from typing import Any
 
 import regex
 
-from reward_service.rewards.base import Deadline, TextReward, score_in_thread
+from reward_service.rewards.base import Deadline, TextReward, ThreadRunner
 from reward_service.types import ComponentResult, ParamInfo, RewardDescription, Sample
 
 # open-r1 `format_reward`: think block then answer block, nothing else.
@@ -89,14 +89,11 @@ class RepetitionPenalty:
         max_value=0.0,
     )
 
-    def __init__(self, *, deadline_s: float, budget_s: float):
-        self._deadline_s = deadline_s
-        self._budget_s = budget_s
+    def __init__(self, runner: ThreadRunner):
+        self._runner = runner
 
     async def score(self, samples: Sequence[Sample], params: dict[str, Any]) -> list[ComponentResult]:
-        return await score_in_thread(
-            samples, lambda s, _: self._one(s, params), self._deadline_s, self._budget_s
-        )
+        return await self._runner.map(samples, lambda s, _: self._one(s, params))
 
     @staticmethod
     def _one(s: Sample, params: dict[str, Any]) -> ComponentResult:
@@ -109,10 +106,8 @@ class RepetitionPenalty:
         return ComponentResult(value=repetition_value(units, params["ngram_size"], params["max_penalty"]))
 
 
-def text_rewards(*, deadline_s: float = 2.0, budget_s: float = 60.0) -> list[Any]:
-    """format, tag_count, reasoning_steps, repetition_penalty; each sample within ``deadline_s`` seconds and
-    each request within ``budget_s`` (see ``TextReward``)."""
-    limits = {"deadline_s": deadline_s, "budget_s": budget_s}
+def text_rewards(runner: ThreadRunner) -> list[Any]:
+    """format, tag_count, reasoning_steps, repetition_penalty, all run by ``runner``."""
     return [
         TextReward(
             RewardDescription(
@@ -129,7 +124,7 @@ def text_rewards(*, deadline_s: float = 2.0, budget_s: float = 60.0) -> list[Any
                 max_value=1.0,
             ),
             format_value,
-            **limits,
+            runner,
         ),
         TextReward(
             RewardDescription(
@@ -140,7 +135,7 @@ def text_rewards(*, deadline_s: float = 2.0, budget_s: float = 60.0) -> list[Any
                 max_value=1.0,
             ),
             tag_count_value,
-            **limits,
+            runner,
         ),
         TextReward(
             RewardDescription(
@@ -152,7 +147,7 @@ def text_rewards(*, deadline_s: float = 2.0, budget_s: float = 60.0) -> list[Any
                 max_value=1.0,
             ),
             reasoning_steps_value,
-            **limits,
+            runner,
         ),
-        RepetitionPenalty(**limits),
+        RepetitionPenalty(runner),
     ]

@@ -19,6 +19,7 @@ from reward_service.rewards.accuracy import (
     extract_number,
     numeric_value,
 )
+from reward_service.rewards.base import ThreadRunner
 from reward_service.rewards.params import resolve_params
 from reward_service.types import Sample
 
@@ -69,7 +70,7 @@ def _samples(pairs, **kw):
 
 @pytest.mark.slow
 async def test_accuracy_agrees_with_trl(pool):
-    reward = Accuracy(pool)
+    reward = Accuracy(pool, ThreadRunner())
     params = resolve_params(reward.description.params, {}, "p")
     ours = await reward.score(_samples(CASES), params)
     trl = accuracy_reward([[{"role": "assistant", "content": c}] for _, c in CASES], [g for g, _ in CASES])
@@ -80,7 +81,7 @@ async def test_accuracy_agrees_with_trl(pool):
 
 
 async def test_accuracy_missing_metadata_and_answer_key(pool):
-    reward = Accuracy(pool)
+    reward = Accuracy(pool, ThreadRunner())
     samples = [
         Sample(id="a", completion=r"\boxed{2}"),
         Sample(id="b", completion=r"\boxed{2}", metadata={"solution": "2"}),
@@ -102,7 +103,7 @@ async def test_numeric_mode_tolerances(pool):
     assert numeric_value("10", "#### 10.5").value == 0.0
     assert numeric_value("10", "no number").value == 0.0
     assert numeric_value("ten", "10").value is None
-    reward = Accuracy(pool)
+    reward = Accuracy(pool, ThreadRunner())
     params = resolve_params(reward.description.params, {"mode": "numeric"}, "p")
     got = await reward.score(_samples([("3.14159", "#### 3.1416"), ("2", r"\boxed{2.009}")]), params)
     assert [r.value for r in got] == [1.0, 0.6]

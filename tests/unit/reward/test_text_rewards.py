@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import pytest
 from trl.rewards import get_repetition_penalty_reward, get_soft_overlong_punishment, think_format_reward
 
 from reward_service.rewards.accuracy import SoftOverlong
+from reward_service.rewards.base import ThreadRunner
 from reward_service.rewards.params import resolve_params
 from reward_service.rewards.text import (
     RepetitionPenalty,
@@ -16,7 +18,7 @@ from reward_service.rewards.text import (
     tag_count_value,
     text_rewards,
 )
-from reward_service.types import Sample
+from reward_service.types import ComponentResult, Sample
 
 TEXTS = [
     "<think>\nreason\n</think>\n<answer>\n42\n</answer>",
@@ -34,7 +36,7 @@ TEXTS = [
 
 
 def _params(name: str, **given):
-    reward = {r.description.name: r for r in text_rewards()}[name]
+    reward = {r.description.name: r for r in text_rewards(ThreadRunner())}[name]
     return resolve_params(reward.description.params, given, "params")
 
 
@@ -65,7 +67,7 @@ def test_tag_count_and_reasoning_steps_formulas():
 async def test_repetition_penalty_tokens_match_trl():
     ids = [[1, 2, 3, 4], [5, 5, 5, 5, 5], [1, 2], [1, 2, 1, 2, 1, 2, 3], []]
     samples = [Sample(id=str(i), completion="x" * len(c), completion_ids=tuple(c)) for i, c in enumerate(ids)]
-    reward = RepetitionPenalty(deadline_s=2, budget_s=60)
+    reward = RepetitionPenalty(ThreadRunner())
     for n, penalty in ((2, -1.0), (3, -0.5)):
         params = resolve_params(
             reward.description.params, {"unit": "tokens", "ngram_size": n, "max_penalty": penalty}, "p"
@@ -76,7 +78,7 @@ async def test_repetition_penalty_tokens_match_trl():
 
 
 async def test_repetition_penalty_words_open_r1():
-    reward = RepetitionPenalty(deadline_s=2, budget_s=60)
+    reward = RepetitionPenalty(ThreadRunner())
     params = resolve_params(reward.description.params, {}, "p")
     text = "the cat sat the cat sat the cat sat"
     words = text.lower().split()
@@ -100,3 +102,44 @@ async def test_soft_overlong_matches_trl():
     assert got[4] == -0.5  # TRL's golden value
     missing = await reward.score([Sample(id="", completion="text but no ids")], params)
     assert missing[0].value is None and "completion_ids" in missing[0].error
+
+
+# Quadratic for a backtracking engine on open-r1's format pattern.
+FORMAT_BOMB = "<think>\n" + "\n</think>\n<answer>\n" * 60_000
+
+
+async def test_a_sample_past_its_deadline_is_an_error_and_the_others_are_scored():
+    runner = ThreadRunner(deadline_s=0.5, budget_s=30)
+    reward = {r.description.name: r for r in text_rewards(runner)}["format"]
+    samples = [Sample(id="ok", completion=TEXTS[0]), Sample(id="bomb", completion=FORMAT_BOMB)]
+    results = await reward.score(samples, _params("format"))
+    assert results[0].value == 1.0
+    assert results[1].value is None
+    assert results[1].error == "exceeded the per-sample deadline of 0.5s (text_deadline_s)"
+
+
+async def test_the_request_budget_bounds_a_request_of_many_slow_samples():
+    runner = ThreadRunner(deadline_s=0.3, budget_s=0.5)
+    reward = {r.description.name: r for r in text_rewards(runner)}["format"]
+    results = await reward.score(
+        [Sample(id=str(i), completion=FORMAT_BOMB) for i in range(6)], _params("format")
+    )
+    assert len(results) == 6 and all(r.value is None for r in results)
+    assert results[0].error.startswith("exceeded the per-sample deadline")
+    assert results[-1].error == "exceeded the request's time budget of 0.5s (text_budget_s)"
+
+
+async def test_a_cancelled_request_stops_its_thread_before_the_next_sample():
+    runner = ThreadRunner(deadline_s=1.0, budget_s=60)
+    calls: list[str] = []
+    samples = [Sample(id=str(i), completion=FORMAT_BOMB) for i in range(20)]
+
+    def one(sample: Sample, deadline) -> ComponentResult:
+        calls.append(sample.id)
+        return ComponentResult(value=format_value(sample.completion, {"style": "r1"}, deadline))
+
+    task = asyncio.ensure_future(runner.map(samples, one))
+    await asyncio.sleep(0.3)
+    task.cancel()
+    await asyncio.sleep(2.5)
+    assert len(calls) <= 2  # the sample in progress (and at most the next one), not all 20
