@@ -244,7 +244,10 @@ def safe_load_yaml(text: str | bytes, *, what: str = "yaml", limits: YamlLimits 
             text = text.decode()
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{what}: YAML is not UTF-8: {exc}") from exc
-    loader = _LimitedLoader(text, limits, what)
+    try:
+        loader = _LimitedLoader(text, limits, what)
+    except yaml.YAMLError as exc:  # the reader refuses control characters before any parsing
+        raise ConfigError(f"{what}: invalid YAML: {' '.join(str(exc).split())}") from exc
     try:
         node = loader.get_single_node()
         if node is None:

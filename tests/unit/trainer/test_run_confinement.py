@@ -102,6 +102,7 @@ def alias_bomb(levels: int = 9) -> str:
         (alias_bomb(), "alias bomb"),
         ("x: " + "[" * 200 + "]" * 200 + "\n", "nested deeper"),
         ("x: '" + "a" * (5 << 20) + "'\n", "bytes"),
+        ("\x1f", "invalid YAML"),  # refused by PyYAML's reader before parsing starts
     ],
 )
 def test_hostile_yaml_is_refused_within_limits(yaml_text, fragment):
