@@ -13,7 +13,7 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
-from grpo_runtime.errors import ResourceExhausted
+from grpo_runtime.errors import FailedPrecondition, ResourceExhausted
 from rollout_service.core import memory
 from rollout_service.core.scheduler import BatchScheduler
 from rollout_service.core.sleep import SleepState
@@ -154,7 +154,14 @@ class RolloutCore:
         )
 
     async def load_weights(self, path: str, version: int, fmt: WeightFormat) -> WeightsApplied:
-        """Read and validate weights from a directory, then apply them like an update."""
+        """Read and validate weights from a directory under ``weights_root``, then apply them like
+        an update. A root of ``/`` (the default, the working directory, in a container without
+        a WORKDIR) would confine nothing, so LoadWeights is refused until one is configured."""
+        if self.weights_root == Path(self.weights_root.anchor):
+            raise FailedPrecondition(
+                f"weights_root is {str(self.weights_root)!r}, which confines nothing; set weights_root "
+                "to the directory shared with the trainer"
+            )
         self.versions.check_next(version)
         self.sleep_state.check_weight_update()
         update = await asyncio.to_thread(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -273,3 +274,10 @@ def test_a_cancelled_job_stops_within_a_step_and_its_later_batches_are_never_bui
     assert sum(len(r.token_ids) for r in doomed.results) <= 4 * 5
     assert [len(r.token_ids) for r in kept.results] == [3]
     assert kept.results[0].finish_reason == FinishReason.LENGTH
+
+
+async def test_load_weights_needs_a_root_that_confines(core, tiny_models):
+    core.weights_root = Path("/")  # the working directory of a container without a WORKDIR
+    with pytest.raises(FailedPrecondition, match="weights_root"):
+        await core.load_weights(str(tiny_models["policy"]), 1, WeightFormat.UNSPECIFIED)
+    assert core.status().policy_version == 0
