@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import grpc
 import yaml
@@ -24,7 +25,7 @@ from grpo.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
 from grpo_runtime.client import create_sync_channel
 from trainer_service.api import convert
-from trainer_service.config.run_config import ConfigError, load_config
+from trainer_service.config.run_config import ConfigError, RunConfig, load_config
 from trainer_service.core.types import JobEvent, RunState, discard
 from trainer_service.local.launcher import spawn_service, start_local_services, wait_serving
 from trainer_service.local.progress import ProgressSink
@@ -91,7 +92,9 @@ def demo(argv: Sequence[str]) -> int:
         raw.setdefault("services", {})
         raw["services"]["reward"] = config.services.reward or local.reward.target
         raw["services"]["rollout"] = config.services.rollout or local.rollout.target
-        trainer = spawn_service("trainer_service", log_dir=log_dir)
+        settings_file = log_dir / "trainer.yaml"
+        settings_file.write_text(yaml.safe_dump(_demo_trainer_settings(config)))
+        trainer = spawn_service("trainer_service", ["--config", str(settings_file)], log_dir=log_dir)
         try:
             wait_serving(
                 trainer.target, trainer.process, config.services.startup_timeout_s, "trainer_service"
@@ -108,6 +111,20 @@ def demo(argv: Sequence[str]) -> int:
     if final.message:
         print(final.message)
     return 0 if final.state is RunState.COMPLETED else 1
+
+
+def _demo_trainer_settings(config: RunConfig) -> dict[str, Any]:
+    """Settings of the demo's own trainer service: its StartRun confinement roots are the directories of this
+    config's output, data and secret files (the user runs the demo on their own files)."""
+
+    def parents(*paths: str | None) -> list[str]:
+        return list(dict.fromkeys(str(Path(path).resolve().parent) for path in paths if path is not None))
+
+    return {
+        "runs_root": str(Path(config.output).resolve()),
+        "data_roots": parents(config.data.train, config.data.eval),
+        "secret_roots": parents(config.services.admin_token_file, config.services.tls_ca_file),
+    }
 
 
 def _drive(target: str, config_yaml: str) -> JobEvent:
