@@ -292,3 +292,21 @@ async def test_a_request_keeps_at_most_concurrency_runs_in_flight(namespaces_ava
     assert [r.value for r in scoring.result()] == [1.0] * 4
     # The request, and per slot a worker and its run's four stream tasks; one task per test would be 40+.
     assert most <= 1 + settings.concurrency * 6, most
+
+
+async def test_a_fork_bomb_does_not_use_up_a_concurrent_runs_processes(namespaces_available):
+    """RLIMIT_NPROC is counted per run (its own user namespace), not per host uid shared by all runs."""
+    runner = SandboxRunner(SETTINGS.model_copy(update={"concurrency": 2, "max_processes": 8}))
+    hog = (
+        "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
+        "            time.sleep(3)\n            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\n"
+        "print(n)\ntime.sleep(1.5)"
+    )
+    neighbour = (
+        "import os, time\ntime.sleep(0.5)\nkids = []\nfor i in range(5):\n    pid = os.fork()\n"
+        "    if pid == 0:\n        os._exit(0)\n    kids.append(pid)\nfor pid in kids:\n"
+        "    os.waitpid(pid, 0)\nprint(len(kids))"
+    )
+    held, other = await asyncio.gather(runner.run(hog), runner.run(neighbour))
+    assert held.stdout.strip() == "6", held  # 8 tasks: PID 1, the program and 6 children
+    assert other.ok and other.stdout.strip() == "5", other
