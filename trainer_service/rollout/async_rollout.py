@@ -4,7 +4,7 @@ Design (single process):
 
 * **Which prompts come next.** TRL draws prompts through the train DataLoader, and accelerate's
   ``DataLoaderShard`` always pulls one batch ahead of the one it yields. :class:`RecordingSampler` wraps the
-  trainer's sampler (an instance-level ``_get_train_sampler`` hook, :meth:`AsyncServiceRollout.attach`) and
+  trainer's sampler (:meth:`AsyncServiceRollout.record`, the trainer's ``wrap_sampler``) and
   appends every index it hands out to a queue, so when TRL calls ``rollout_func`` for step s the indices of
   step s+1 are already known. No TRL semantics change: the same rows, in the same order, reach the loss.
 * **Overlap.** ``rollout_func(prompts_s)`` returns step s's completions, then starts a background thread that
@@ -131,17 +131,16 @@ class AsyncServiceRollout:
         self.trainer_version: int | None = None
 
     # -- wiring ---------------------------------------------------------------------------------------------
+    def record(self, sampler: Sampler) -> Sampler:
+        """The trainer's train sampler, wrapped so every index it issues is recorded (the trainer's
+        ``wrap_sampler``, :class:`trainer_service.training.sampler_hook.WrappedSamplerTrainer`)."""
+        return RecordingSampler(sampler, self.issued)
+
     def attach(self, trainer: Any) -> None:
-        """Record the indices the trainer's train sampler issues (call before ``trainer.train()``)."""
-        original = trainer._get_train_sampler
+        """Read prompts from the trainer's train dataset and, with core borrowing, switch its model's threads
+        (call before ``trainer.train()``)."""
         dataset = trainer.train_dataset
         self._prompt_of = lambda index: dataset[index]["prompt"]
-
-        def recording_sampler(*args: Any, **kwargs: Any) -> Sampler:
-            return RecordingSampler(original(*args, **kwargs), self.issued)
-
-        # Instance attribute: get_train_dataloader looks the method up on the instance at train() time.
-        trainer._get_train_sampler = recording_sampler
         if self.cores is not None:
             self.cores.attach(trainer.model)
 

@@ -36,6 +36,7 @@ import torch
 from transformers import set_seed
 from transformers.trainer_callback import PrinterCallback
 from transformers.trainer_utils import get_last_checkpoint
+from trl import GRPOTrainer
 
 from grpo_runtime.client import ChannelConfig
 from reward_service.client import RewardClient
@@ -72,6 +73,7 @@ from trainer_service.training.callbacks import (
 from trainer_service.training.data import REWARD_METADATA, check_prompt_lengths, read_split, to_dataset
 from trainer_service.training.importance_sampling import ImportanceSamplingPlan, resolve_importance_sampling
 from trainer_service.training.rewards import BatchScorer
+from trainer_service.training.sampler_hook import WrappedSamplerTrainer
 from trainer_service.training.variant_trainer import make_variant_trainer
 
 REWARD_CURVE_FILE = "reward_curve.png"
@@ -330,8 +332,12 @@ def _train(
 
     stop = StopCallback(stop_flag)
     sync_callback = WeightSyncCallback(sync)
-    trainer_cls = make_variant_trainer(t.grpo_variant)
+    # Async rollout records the sampler's indices to know the next batch's prompts.
+    prefetching = isinstance(rollout, AsyncServiceRollout)
+    trainer_cls = make_variant_trainer(t.grpo_variant, WrappedSamplerTrainer if prefetching else GRPOTrainer)
+    sampler_hook = {"wrap_sampler": rollout.record} if prefetching else {}
     trainer = trainer_cls(
+        **sampler_hook,
         model=model,
         args=args,
         reward_funcs=reward_funcs,
