@@ -64,7 +64,7 @@ class SandboxSettings(BaseModel):
     max_tests_per_sample: int = Field(64, ge=1, description="Tests of one sample run; more: sample error.")
     max_cpu_s_per_request: float = Field(
         300.0,
-        gt=0,
+        ge=1,
         description="CPU seconds the runs of one Score request may use together; later runs get an error.",
     )
     concurrency: int = Field(
