@@ -35,6 +35,10 @@ MIN_TEMPERATURE = float(np.float32(1e-2))
 MAX_TEMPERATURE = 1e2
 MIN_REPETITION_PENALTY = float(np.float32(1e-2))
 MAX_REPETITION_PENALTY = 1e2
+# A prompt longer than this many characters per token of context cannot fit, whatever the
+# tokenizer (natural text and code average 3–5): it is refused before tokenizing, which for a
+# multi-megabyte text takes tens of seconds and holds the GIL for up to a second at a time.
+MAX_CHARS_PER_TOKEN = 32
 # Every decode step decodes the completion and searches it for each stop string.
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
@@ -143,6 +147,22 @@ class RequestValidator:
                 )
         return GenerationJob(prompt_token_ids=token_ids, n=request.n, sampling=sampling)
 
+    def _check_length(self, prompt: PromptInput, field: str) -> None:
+        """Refuse, before any tokenizing, a prompt that cannot fit the context."""
+        if len(prompt.token_ids) >= self.max_model_len:
+            raise InvalidArgument(
+                f"{len(prompt.token_ids)} token ids leave no room in the model's context of "
+                f"{self.max_model_len}",
+                field=field,
+            )
+        chars = len(prompt.text) + sum(len(role) + len(content) for role, content in prompt.messages)
+        if chars > self.max_model_len * MAX_CHARS_PER_TOKEN:
+            raise InvalidArgument(
+                f"{chars} characters cannot fit the model's context of {self.max_model_len} tokens "
+                f"(more than {MAX_CHARS_PER_TOKEN} characters per token)",
+                field=field,
+            )
+
     def tokenize(self, prompt: PromptInput, index: int) -> list[int]:
         """Token ids of one prompt: chat template (+ generation prompt), plain text, or ids as is."""
         field = f"prompts[{index}]"
@@ -160,6 +180,7 @@ class RequestValidator:
             raise InvalidArgument(
                 f"set exactly one of messages, text, token_ids (given: {given})", field=field
             )
+        self._check_length(prompt, field)
         if prompt.messages:
             if self.tokenizer.chat_template is None:
                 raise InvalidArgument(

@@ -137,6 +137,13 @@ def test_limits_are_resource_exhausted_naming_the_limit(server, client, stub):
     assert_engine_idle_soon(server, client, time.monotonic())
 
 
+def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing(client):
+    # 1 MB of text: the tiny tokenizer would spend ~5 s on it (holding the GIL for long spells).
+    code, details = rpc_error(lambda: client.generate(["ab " * 350_000], n=1, timeout_s=30))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("prompts[0]:")
+    assert "characters cannot fit" in details
+
+
 # ------------------------------------------------------------------------ numerical validity
 @pytest.mark.parametrize(
     ("sampling", "field"),

@@ -46,6 +46,9 @@ TEXT = PromptInput(id="a", text="What is 12 + 7?")
         (request(PromptInput(messages=(("user", "hi"),), text="x")), "prompts[0]"),
         (request(PromptInput(messages=(("", "hi"),))), "prompts[0].messages[0].role"),
         (request(PromptInput(token_ids=(1, 99999))), "prompts[0].token_ids[1]"),
+        (request(PromptInput(token_ids=(1,) * 64)), "prompts[0]"),  # no room left in the context
+        (request(PromptInput(text="x" * (64 * 32 + 1))), "prompts[0]"),  # refused untokenized
+        (request(PromptInput(messages=(("user", "x" * 64 * 32),))), "prompts[0]"),
         (request(TEXT, max_tokens=0), "sampling.max_tokens"),
         (request(TEXT, max_tokens=60), "sampling.max_tokens"),
         (request(TEXT, temperature=-0.1), "sampling.temperature"),
