@@ -393,6 +393,8 @@ def test_mounted_configs_are_accepted_by_the_services(overlay, tmp_path):
     from rollout_service.core.settings import RolloutSettings
     from trainer_service.config.rollout_targets import parse_target
     from trainer_service.config.run_config import parse_config
+    from trainer_service.core.confinement import RunRoots, confine
+    from trainer_service.settings import load_settings as load_trainer_settings
 
     files = config_files(overlay)
     assert set(files) == {"reward.yaml", "rollout.yaml", "trainer.yaml", "train.yaml"}
@@ -404,10 +406,15 @@ def test_mounted_configs_are_accepted_by_the_services(overlay, tmp_path):
         ServerConfig(**server)
     RolloutSettings.model_validate(settings["rollout"])
     load_reward_settings(settings["reward"])
-    assert settings["trainer"] == {}
+    trainer = load_trainer_settings(settings["trainer"])
     run = parse_config(files["train.yaml"])
     assert run.output == "/var/lib/grpo/runs"
     assert run.services.admin_token_file == "/var/run/secrets/grpo/token"
+    # StartRun refuses a run whose paths leave the trainer's roots. The token file exists only in the pod
+    # (/var/run is /run there), so its root is checked apart.
+    services = run.services.model_copy(update={"admin_token_file": None})
+    confine(run.model_copy(update={"services": services}), RunRoots.of(trainer))
+    assert any(Path("/run/secrets/grpo/token").is_relative_to(root) for root in trainer.secret_roots)
     # Read as a list of targets; the headless Service's name is resolved (not pinned) by the trainer.
     [target] = run.services.rollout
     assert parse_target(target).dynamic is (overlay != "gpu-colocated")
