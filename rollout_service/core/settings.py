@@ -35,7 +35,8 @@ class RolloutSettings(BaseModel):
     max_batch_size: int = Field(256, ge=1)  # sequences per forward pass (hf) / max_num_seqs (vllm)
     max_model_len: int | None = Field(None, ge=2)  # default: the model's max_position_embeddings
     max_prompts: int = Field(4096, ge=1)  # prompts per Generate call
-    # Work one Generate may ask for: sequences (prompts × n) and tokens (prompts × n × max_tokens).
+    # Work one Generate may ask for: sequences (prompts × n) and tokens (prompts × n × max_tokens,
+    # and n × Σ (prompt tokens + max_tokens) once tokenized).
     max_request_sequences: int = Field(16384, ge=1)
     max_request_tokens: int = Field(1 << 20, ge=1)
     max_concurrent_generates: int = Field(64, ge=1)  # Generate calls queued or running at once

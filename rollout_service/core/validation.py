@@ -96,7 +96,8 @@ class RequestValidator:
 
     ``max_model_len``: prompt tokens + ``max_tokens`` may not exceed it. ``max_prompts``,
     ``max_request_sequences`` (prompts × n) and ``max_request_tokens`` (prompts × n ×
-    max_tokens) are the server's limits on one call.
+    max_tokens before tokenizing, then n × Σ (prompt tokens + max_tokens)) are the server's
+    limits on one call.
     """
 
     tokenizer: PreTrainedTokenizerBase
@@ -145,6 +146,15 @@ class RequestValidator:
                     f"the model's context of {self.max_model_len}",
                     field="sampling.max_tokens",
                 )
+        # Every sequence holds its prompt too (prefill, KV cache, and the prompt ids echoed in
+        # each completion of the response), so the same limit bounds n × Σ (prompt + max_tokens).
+        held = request.n * sum(len(ids) + sampling.max_tokens for ids in token_ids)
+        if held > self.max_request_tokens:
+            raise ResourceExhausted(
+                f"n × Σ (prompt tokens + max_tokens) = {held} tokens, more than the limit "
+                f"max_request_tokens = {self.max_request_tokens}",
+                field="prompts",
+            )
         return GenerationJob(prompt_token_ids=token_ids, n=request.n, sampling=sampling)
 
     def _check_length(self, prompt: PromptInput, field: str) -> None:

@@ -71,7 +71,7 @@ def server(tiny_models, weights_root):
     settings_ = RolloutSettings(
         model=str(tiny_models["policy"]),
         engine="hf",
-        max_request_tokens=256,  # keeps every accepted random request a few ms of work
+        max_request_tokens=1024,  # keeps every accepted random request a few ms of work
         weights_root=str(weights_root),
     )
     with BackgroundServer(settings_) as running:

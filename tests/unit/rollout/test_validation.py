@@ -24,7 +24,7 @@ def validator(tiny_models) -> RequestValidator:
         max_model_len=64,
         vocab_size=len(tokenizer),
         max_prompts=4,
-        max_request_tokens=160,
+        max_request_tokens=300,
         max_request_sequences=20,
     )
 
@@ -106,8 +106,9 @@ def test_temperature_bounds_accept_greedy_and_the_safe_range(validator, temperat
     ("req", "field", "limit"),
     [
         (request(*[TEXT] * 5), "prompts", "max_prompts"),
-        (request(TEXT, TEXT, n=9, max_tokens=9), "sampling.max_tokens", "max_request_tokens"),
+        (request(TEXT, TEXT, n=9, max_tokens=17), "sampling.max_tokens", "max_request_tokens"),
         (request(TEXT, TEXT, TEXT, n=7, max_tokens=1), "n", "max_request_sequences"),
+        (request(PromptInput(token_ids=(5,) * 40), n=8, max_tokens=1), "prompts", "max_request_tokens"),
     ],
 )
 def test_server_limits_are_resource_exhausted_naming_the_limit(validator, req, field, limit):
