@@ -26,6 +26,7 @@ from grpo.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from grpo_runtime.client import create_sync_channel
 from trainer_service.api import convert
 from trainer_service.config.run_config import ConfigError, RunConfig, load_config
+from trainer_service.core.output_dir import completed_resume, record_completion
 from trainer_service.core.types import JobEvent, RunState, discard
 from trainer_service.local.launcher import spawn_service, start_local_services, wait_serving
 from trainer_service.local.progress import ProgressSink
@@ -52,6 +53,11 @@ def train(argv: Sequence[str]) -> int:
         return 2
     # Under `accelerate launch` / torchrun only the main process draws progress and prints the summary.
     main_process = int(os.environ.get("RANK", "0")) == 0
+    finished = completed_resume(config, args.resume)
+    if finished is not None:
+        if main_process:
+            print(finished.message)
+        return 0
     try:
         with ProgressSink() if main_process else nullcontext(discard) as sink:
             result = run_job(config, sink=sink, resume=args.resume)
@@ -59,6 +65,8 @@ def train(argv: Sequence[str]) -> int:
         print(f"trainer_service: config error: {exc}", file=sys.stderr)
         return 2
     if main_process:
+        if result.state is RunState.COMPLETED:
+            record_completion(result.output_dir, result.step, result.total_steps)
         print(_summary(result.state, result.step, result.total_steps, result.output_dir))
     return 0
 

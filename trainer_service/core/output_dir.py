@@ -1,6 +1,6 @@
 """What the service keeps in a run's output directory besides the training outputs.
 
-- ``.run.lock``: ``flock``-ed by the worker that writes the directory, for its whole life, its pid inside.
+- ``.run.lock``: ``flock``-ed by the worker that writes the directory until its run ends, its pid inside.
   The kernel drops the lock when that process dies however it dies, so a lock that cannot be taken means a
   live writer — possibly one left by an earlier service process — and a second run or a resume is refused.
 - ``run_completed.json``: written when a run completes (``{"step": N, "total_steps": N}``), removed when a
@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 
 from grpo_runtime.errors import FailedPrecondition
+from trainer_service.config.run_config import RunConfig
+from trainer_service.core.types import JobEvent, RunState
 
 LOCK_FILE = ".run.lock"
 COMPLETED_FILE = "run_completed.json"
@@ -80,3 +82,26 @@ def completed_step(output_dir: Path) -> int | None:
         return int(record["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def completed_resume(config: RunConfig, resume: bool) -> JobEvent | None:
+    """The final event of a resume with nothing left to train (the caller then trains nothing), else None.
+
+    A resume (``resume`` or ``training.resume_from_checkpoint`` set) has nothing to train when the directory
+    records a completion at step N and ``training.max_steps`` is -1 or at most N. A fresh run removes the
+    record, since it may stop before it completes.
+    """
+    output_dir = config.output_dir
+    if not (resume or config.training.resume_from_checkpoint):
+        clear_completion(output_dir)
+        return None
+    done = completed_step(output_dir)
+    max_steps = config.training.max_steps
+    if done is None or (max_steps != -1 and max_steps > done):
+        return None
+    return JobEvent(
+        step=done,
+        total_steps=done,
+        state=RunState.COMPLETED,
+        message=f"run already completed at step {done}; nothing to resume ({output_dir} left unchanged)",
+    )

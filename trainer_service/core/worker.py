@@ -8,8 +8,8 @@ which then reports the tail of the worker's log (its stdout and stderr, ``<outpu
 The worker never outlives the service that started it: it leads its own process group (the reward and rollout
 services it may start for the run are in it), asks the kernel for SIGTERM when its parent dies
 (``prctl(PR_SET_PDEATHSIG)``) and, should that be missed, a watchdog thread polls the parent's pid; either
-way the whole group is SIGKILLed. It holds the output directory's lock for its life and, on a resume of a
-run that already completed, trains nothing (:mod:`trainer_service.core.output_dir`).
+way the whole group is SIGKILLed. It holds the output directory's lock until its run ends and, on a resume
+of a run that already completed, trains nothing (:mod:`trainer_service.core.output_dir`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_runtime.config import ADMIN_TOKEN_ENV
-from trainer_service.config.run_config import RunConfig, parse_config
+from trainer_service.config.run_config import parse_config
 from trainer_service.core import output_dir as outputs
 from trainer_service.core.types import JobEvent, RunState
 from trainer_service.training.job import run_job
@@ -60,24 +60,6 @@ def _die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=_watch_parent, args=(parent_pid,), name="parent-watchdog", daemon=True).start()
 
 
-def _already_completed(config: RunConfig, resume: bool) -> JobEvent | None:
-    """The final event of a resume with nothing left to train, else None; a fresh run forgets a completion."""
-    output_dir = config.output_dir
-    if not resume:
-        outputs.clear_completion(output_dir)
-        return None
-    done = outputs.completed_step(output_dir)
-    max_steps = config.training.max_steps
-    if done is None or (max_steps != -1 and max_steps > done):
-        return None
-    return JobEvent(
-        step=done,
-        total_steps=done,
-        state=RunState.COMPLETED,
-        message=f"run already completed at step {done}; nothing to resume ({output_dir} left unchanged)",
-    )
-
-
 def run_worker(
     config_yaml: str, resume: bool, queue: Any, stop_event: Any, log_path: Path, parent_pid: int
 ) -> None:
@@ -98,30 +80,28 @@ def run_worker(
         last["step"], last["total"] = event.step, event.total_steps
         queue.put(event)
 
+    lock_fd: int | None = None
     try:
         config = parse_config(config_yaml)
-        # Kept open (and so locked) until this process exits.
-        outputs.hold_lock(config.output_dir)
-        finished = _already_completed(config, resume)
-        if finished is not None:
-            queue.put(finished)
-            return
-        result = run_job(config, sink=sink, stop_flag=stop_event, resume=resume)
-        if result.state is RunState.COMPLETED:
-            outputs.record_completion(config.output_dir, result.step, result.total_steps)
+        lock_fd = outputs.hold_lock(config.output_dir)
+        final = outputs.completed_resume(config, resume)
+        if final is None:
+            result = run_job(config, sink=sink, stop_flag=stop_event, resume=resume)
+            if result.state is RunState.COMPLETED:
+                outputs.record_completion(config.output_dir, result.step, result.total_steps)
+            note = "run completed" if result.state is RunState.COMPLETED else "run stopped; checkpoint saved"
+            final = JobEvent(
+                step=result.step,
+                total_steps=result.total_steps,
+                state=result.state,
+                message=f"{note} (step {result.step}/{result.total_steps}, output {result.output_dir})",
+            )
     except BaseException as exc:  # the worker must always report how it ended
         log.exception("run failed")
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        queue.put(
-            JobEvent(step=last["step"], total_steps=last["total"], state=RunState.FAILED, message=detail)
-        )
-        return
-    note = "run completed" if result.state is RunState.COMPLETED else "run stopped; checkpoint saved"
-    queue.put(
-        JobEvent(
-            step=result.step,
-            total_steps=result.total_steps,
-            state=result.state,
-            message=f"{note} (step {result.step}/{result.total_steps}, output {result.output_dir})",
-        )
-    )
+        final = JobEvent(step=last["step"], total_steps=last["total"], state=RunState.FAILED, message=detail)
+    if lock_fd is not None:
+        # Nothing writes the directory any more: a client that sees the final event may resume into it at
+        # once, while this process is still exiting.
+        os.close(lock_fd)
+    queue.put(final)

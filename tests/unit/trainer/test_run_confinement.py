@@ -224,3 +224,20 @@ def test_completion_record_round_trip(tmp_path):
     assert outputs.completed_step(tmp_path) is None
     (tmp_path / outputs.COMPLETED_FILE).write_text("{broken")
     assert outputs.completed_step(tmp_path) is None
+
+
+def test_a_resume_of_a_completed_run_has_nothing_to_train(tmp_path):
+    def config(max_steps: int):
+        return parse_config(base_config(tmp_path, training={"max_steps": max_steps}))
+
+    output = config(6).output_dir
+    output.mkdir(parents=True)
+    assert outputs.completed_resume(config(6), resume=True) is None  # never completed
+    outputs.record_completion(output, 6, 6)
+    event = outputs.completed_resume(config(6), resume=True)
+    assert event is not None and event.state.value == "completed" and event.step == event.total_steps == 6
+    assert outputs.completed_resume(config(-1), resume=True) is not None
+    assert outputs.completed_resume(config(8), resume=True) is None  # more steps asked for: train them
+    # A fresh run forgets the completion (it may be stopped before it completes, then resumed).
+    assert outputs.completed_resume(config(6), resume=False) is None
+    assert outputs.completed_step(output) is None
