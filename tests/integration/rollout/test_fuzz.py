@@ -230,9 +230,15 @@ def test_update_weights_is_all_or_nothing(stub, health, weights_root, data):
     code, response = call(stub.UpdateWeights, iter(chunks))
     if code == grpc.StatusCode.OK:
         assert response.policy_version == before_version + 1 == version(stub)
-        generated = stub.Generate(GREEDY, timeout=30).completions[0]
-        assert torch.isfinite(torch.tensor(list(generated.logprobs))).all()
-        call(stub.LoadWeights, rollout_pb2.LoadWeightsRequest(path="base", version=before_version + 2))
+        # Finite weights may still overflow (1e38 norms): then Generate is FAILED_PRECONDITION,
+        # never NaN with OK.
+        code, generated = call(stub.Generate, GREEDY)
+        assert code in (grpc.StatusCode.OK, grpc.StatusCode.FAILED_PRECONDITION)
+        if code == grpc.StatusCode.OK:
+            logprobs = generated.completions[0].logprobs
+            assert torch.isfinite(torch.tensor(list(logprobs))).all()
+        restore = rollout_pb2.LoadWeightsRequest(path="base", version=before_version + 2)
+        assert call(stub.LoadWeights, restore)[0] == grpc.StatusCode.OK
     else:
         assert version(stub) == before_version
         assert greedy_tokens(stub) == before_tokens
