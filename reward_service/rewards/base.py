@@ -36,7 +36,9 @@ class Deadline:
 
     def __init__(self, sample_s: float, budget_end: float, stop: threading.Event):
         self.sample_s = sample_s
-        self._end = min(time.monotonic() + sample_s, budget_end)
+        sample_end = time.monotonic() + sample_s
+        self.bounded_by_budget = budget_end < sample_end  # the request's budget ends first
+        self._end = min(sample_end, budget_end)
         self._stop = stop
 
     def remaining(self) -> float:
@@ -82,7 +84,7 @@ class ThreadRunner:
                 except (DeadlineExceeded, TimeoutError):  # TimeoutError: a regex's timeout
                     if stop.is_set():
                         break
-                    results.append(ComponentResult(error=self._error(budget_end)))
+                    results.append(ComponentResult(error=self._error(deadline)))
             return results
 
         try:
@@ -90,8 +92,8 @@ class ThreadRunner:
         finally:
             stop.set()  # a cancelled caller: the thread stops at its next deadline check
 
-    def _error(self, budget_end: float) -> str:
-        if time.monotonic() >= budget_end:
+    def _error(self, deadline: Deadline) -> str:
+        if deadline.bounded_by_budget:
             return f"exceeded the request's time budget of {self.budget_s:g}s (text_budget_s)"
         return f"exceeded the per-sample deadline of {self.deadline_s:g}s (text_deadline_s)"
 

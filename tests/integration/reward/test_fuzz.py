@@ -74,7 +74,7 @@ def score_requests(draw) -> reward_pb2.ScoreRequest:
         sample = request.samples.add(
             id=draw(st.text(max_size=10)),
             completion=draw(texts),
-            completion_ids=draw(st.lists(st.integers(0, 2**31 - 1), max_size=20)),
+            completion_ids=draw(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=20)),
             group=draw(st.sampled_from(["", "g1", "g2"])),
         )
         sample.metadata.CopyFrom(_struct(draw(structs)))
