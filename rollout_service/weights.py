@@ -330,7 +330,7 @@ def read_directory(
     tensors = {}
     total = 0
     for name in files:
-        data = read_confined(root, directory / name, budget - total, field)
+        data = read_confined(root, directory / name, max(budget - total, 0), field)
         total += len(data)
         tensors.update(parse_safetensors(data, field=field))
     return validate_tensors(version, fmt, tensors, "", catalog, total)

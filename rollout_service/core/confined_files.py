@@ -69,8 +69,8 @@ def read_confined(root: Path, path: Path, max_bytes: int, field: str) -> memoryv
             raise PermissionDenied(f"{path.name!r} is outside the server's weights_root", field=field)
         if info.st_size > max_bytes:
             raise ResourceExhausted(
-                f"{path.name!r} has {info.st_size} bytes, more than the server's limit "
-                f"max_weight_bytes = {max_bytes}",
+                f"{path.name!r} has {info.st_size} bytes, more than the {max_bytes} the server's "
+                "limit max_weight_bytes leaves",
                 field=field,
             )
         # np.empty, not bytearray: zero-filling hundreds of MB holds the GIL (and so the event

@@ -2,7 +2,8 @@
 
 Every rejection is an InvalidArgument naming the offending field with its index
 (``prompts[3]``, ``sampling.top_p``), or a ResourceExhausted naming the server limit it
-exceeds (``max_prompts``, ``max_request_tokens``), raised before anything reaches the engine.
+exceeds (``max_prompts``, ``max_request_sequences``, ``max_request_tokens``), raised before
+anything reaches the engine.
 
 Numeric bounds keep every step of the sampler finite in fp32 for finite logits: the sampler
 divides logits by T and by the repetition penalty θ (or multiplies by θ), so T and θ are kept
