@@ -254,8 +254,16 @@ def safe_load_yaml(text: str | bytes, *, what: str = "yaml", limits: YamlLimits 
             return None
         _expanded_size(node, limits.max_nodes, what)
         return loader.construct_document(node)
+    except ConfigError:
+        raise
     except yaml.YAMLError as exc:
         raise ConfigError(f"{what}: invalid YAML: {' '.join(str(exc).split())}") from exc
+    except (
+        ValueError,
+        TypeError,
+        OverflowError,
+    ) as exc:  # a scalar its tag cannot hold: 10**5000, 2001-13-45
+        raise ConfigError(f"{what}: invalid YAML value: {' '.join(str(exc).split())[:300]}") from exc
     except RecursionError as exc:  # a deep construct PyYAML recurses on despite max_depth
         raise ConfigError(f"{what}: YAML nested too deeply") from exc
     finally:

@@ -52,6 +52,9 @@ def test_an_alias_bomb_is_refused_quickly():
         ("{a: [}", YamlLimits(), "invalid YAML"),
         (b"\xff\xfe", YamlLimits(), "not UTF-8"),
         ("!!python/object:os.system {}", YamlLimits(), "invalid YAML"),
+        ("a: " + "9" * 5000, YamlLimits(), "invalid YAML value: Exceeds the limit (4300 digits)"),
+        ("a: 2001-13-45", YamlLimits(), "invalid YAML value: month must be in 1..12"),
+        ("a: !!float xyz", YamlLimits(), "invalid YAML value: could not convert string to float"),
     ],
 )
 def test_limits_and_errors_are_config_errors_naming_the_source(text, limits, message):
