@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_runtime.config import ConfigError as YamlError
-from grpo_runtime.config import safe_load_yaml_async
+from grpo_runtime.config import YamlLimits, safe_load_yaml_async
 from grpo_runtime.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -45,6 +45,8 @@ from trainer_service.settings import TrainerServiceSettings
 
 _SPAWN = multiprocessing.get_context("spawn")
 _RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# A run config is a few KiB; these bound what one StartRun costs to parse (PyYAML: ~1 s per 100 KiB here).
+CONFIG_YAML_LIMITS = YamlLimits(max_bytes=256 * 1024, max_depth=32, max_aliases=100, max_nodes=100_000)
 
 
 @dataclass
@@ -97,8 +99,9 @@ class RunManager:
     async def start(self, config_yaml: str, run_id: str = "", resume: bool = False) -> str:
         """Validate the config and start its worker; returns the run id."""
         try:
-            raw = await safe_load_yaml_async(config_yaml, what="config_yaml")
-            config = parse_config(raw)
+            raw = await safe_load_yaml_async(config_yaml, what="config_yaml", limits=CONFIG_YAML_LIMITS)
+            # Validating up to a million nodes takes a while too: off the loop as well.
+            config = await asyncio.to_thread(parse_config, raw)
         except YamlError as exc:
             raise InvalidArgument(str(exc).removeprefix("config_yaml: "), field="config_yaml") from exc
         except ConfigError as exc:

@@ -91,7 +91,7 @@ def alias_bomb(levels: int = 9) -> str:
     [
         (alias_bomb(), "alias bomb"),
         ("x: " + "[" * 5000 + "]" * 5000 + "\n", "nested deeper"),
-        ("x: '" + "a" * (5 << 20) + "'\n", "bytes"),
+        ("x: '" + "a" * (300 << 10) + "'\n", "bytes"),  # a run config is a few KiB: 256 KiB at most
         ("base: [unclosed\n", "invalid YAML"),
         ("- a list\n", "mapping"),
     ],
