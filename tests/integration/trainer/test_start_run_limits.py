@@ -6,8 +6,6 @@ another process holds is FAILED_PRECONDITION. All of it is decided before a work
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from grpo.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from grpo_runtime.config import ServerConfig
 from grpo_runtime.server import GrpcServer
 from tests.integration.trainer.fixtures import confined_settings
+from tests.support.hostile_inputs import alias_bomb, output_lock_holder
 from trainer_service.server import build
 
 
@@ -80,12 +79,6 @@ async def test_paths_outside_the_roots_are_invalid_argument(trainer, tmp_path):
     assert status.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def alias_bomb(levels: int = 9) -> str:
-    lines = ["l0: &l0 [x, x, x, x, x, x, x, x, x]"]
-    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
-    return "\n".join(lines) + "\n"
-
-
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
@@ -137,29 +130,14 @@ async def test_concurrent_runs_are_capped(trainer, tmp_path):
     assert info.state == trainer_pb2.RUN_STATE_FAILED and "missing.jsonl" in info.message
 
 
-HOLD = """
-import sys, time
-from pathlib import Path
-from trainer_service.core.output_dir import hold_lock
-hold_lock(Path(sys.argv[1]))
-print("locked", flush=True)
-time.sleep(600)
-"""
-
-
 async def test_an_output_held_by_a_live_worker_elsewhere_is_refused(trainer, tmp_path):
     """A worker left by another service process still writes the directory: no run or resume may share it."""
     stub, _ = trainer
     output = tmp_path / "runs" / "exp"
     output.mkdir(parents=True)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(output)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "locked"
+    with output_lock_holder(output) as pid:
         for resume in (False, True):
             error = await start_error(stub, config_yaml(tmp_path), resume=resume)
             assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-            assert error.details().startswith("config_yaml: output: ") and str(holder.pid) in error.details()
-    finally:
-        holder.kill()
-        holder.wait()
+            assert error.details().startswith("config_yaml: output: ") and str(pid) in error.details()
     assert not (await stub.ListRuns(trainer_pb2.ListRunsRequest())).runs

@@ -4,13 +4,12 @@ confined to the service's roots, the output directory's lock and completion reco
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument
+from tests.support.hostile_inputs import alias_bomb, output_lock_holder
 from trainer_service.config.run_config import ConfigError, parse_config
 from trainer_service.core import output_dir as outputs
 from trainer_service.core.confinement import RunRoots, confine
@@ -87,13 +86,6 @@ def test_reward_term_weights_and_params_are_finite():
         ("accuracy", 2.5, {}),
         ("format", 1.0, {"strict": True, "scale": 0.5}),
     ]
-
-
-def alias_bomb(levels: int = 9) -> str:
-    """The "billion laughs": each level lists the previous one 9 times, 9**levels scalars in all."""
-    lines = ["l0: &l0 [x, x, x, x, x, x, x, x, x]"]
-    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
-    return "\n".join(lines) + "\n"
 
 
 @pytest.mark.parametrize(
@@ -181,28 +173,14 @@ def test_symlinks_and_devices_inside_the_roots_are_refused(tmp_path, roots):
 
 # -- the output directory's lock and completion record ---------------------------------------------------
 
-HOLD = """
-import sys, time
-from pathlib import Path
-from trainer_service.core.output_dir import hold_lock
-hold_lock(Path(sys.argv[1]))
-print("locked", flush=True)
-time.sleep(600)
-"""
-
 
 def test_a_live_lock_holder_refuses_others_and_its_death_frees_the_directory(tmp_path):
     outputs.check_unlocked(tmp_path)  # no lock file yet
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(FailedPrecondition, match=rf"output: .* live run worker \(pid {holder.pid}\)"):
+    with output_lock_holder(tmp_path) as pid:
+        with pytest.raises(FailedPrecondition, match=rf"output: .* live run worker \(pid {pid}\)"):
             outputs.check_unlocked(tmp_path)
         with pytest.raises(FailedPrecondition, match="output: "):
             outputs.hold_lock(tmp_path)
-    finally:
-        holder.kill()
-        holder.wait()
     # The kernel released the killed holder's lock.
     os.close(outputs.hold_lock(tmp_path))
     outputs.check_unlocked(tmp_path)
