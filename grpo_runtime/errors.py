@@ -13,6 +13,9 @@ from typing import ClassVar
 
 import grpc
 
+# gRPC's trailer for "retry this call after N ms" (gRFC A6); the only RESOURCE_EXHAUSTED worth retrying.
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+
 
 class ServiceError(Exception):
     """Base of every error that becomes a specific gRPC status code.
@@ -68,9 +71,18 @@ class OutOfRange(ServiceError):
 
 
 class ResourceExhausted(ServiceError):
-    """A quota or capacity is used up (queue full, memory, too many runs)."""
+    """A quota or capacity is used up (queue full, memory, too many runs).
+
+    ``retry_after_s`` marks a refusal that goes away by itself (a concurrency bound): the interceptor sends it
+    as gRPC's ``grpc-retry-pushback-ms`` trailer, and clients retry only such refusals. A request over a size
+    limit carries none, so it fails at once instead of being retried until a budget runs out.
+    """
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, *, field: str | None = None, retry_after_s: float | None = None) -> None:
+        super().__init__(message, field=field)
+        self.retry_after_s = retry_after_s
 
 
 class Aborted(ServiceError):
@@ -101,3 +113,25 @@ class Unimplemented(ServiceError):
     """The RPC or the requested option is not supported by this server or engine."""
 
     code = grpc.StatusCode.UNIMPLEMENTED
+
+
+def retry_delay_s(error: grpc.RpcError) -> float | None:
+    """How long a failed call asks to wait before a retry, or None when it is not worth retrying.
+
+    UNAVAILABLE (a restarting or unreachable server) is always retryable (None delay = the caller's backoff:
+    0.0 here); RESOURCE_EXHAUSTED only when the server sent the pushback trailer (a transient concurrency
+    bound, :class:`ResourceExhausted` with ``retry_after_s``). Every client of the services decides with this.
+    """
+    code = error.code() if hasattr(error, "code") else None
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return 0.0
+    if code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+    for key, value in trailers or ():
+        if key == RETRY_PUSHBACK_KEY:
+            try:
+                return max(0.0, int(value) / 1000)
+            except ValueError:
+                return None
+    return None

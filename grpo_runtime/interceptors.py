@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 import grpc
 
 from grpo_runtime.auth import bearer_token, token_matches
-from grpo_runtime.errors import InvalidArgument, ServiceError
+from grpo_runtime.errors import RETRY_PUSHBACK_KEY, InvalidArgument, ResourceExhausted, ServiceError
 from grpo_runtime.logging_setup import RpcContext, current_rpc
 from grpo_runtime.metrics import RpcMetrics
 
@@ -281,7 +281,10 @@ class RuntimeInterceptor(grpc.aio.ServerInterceptor):
         """Record the failed call and end it with the mapped status; always raises."""
         if isinstance(exc, ServiceError):
             self._finish(rpc, exc.code)
-            await context.abort(exc.code, exc.details, self._trailers(rpc))
+            trailers = self._trailers(rpc)
+            if isinstance(exc, ResourceExhausted) and exc.retry_after_s is not None:
+                trailers += ((RETRY_PUSHBACK_KEY, str(max(0, round(exc.retry_after_s * 1000)))),)
+            await context.abort(exc.code, exc.details, trailers)
         if isinstance(exc, NotImplementedError):
             self._finish(rpc, grpc.StatusCode.UNIMPLEMENTED)
             await context.abort(

@@ -23,6 +23,7 @@ import grpc
 from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 
 from grpo_runtime.client import ChannelConfig, create_sync_channel
+from grpo_runtime.errors import retry_delay_s
 from reward_service.api import convert
 from reward_service.types import Message, RewardRequest, Sample, SampleResult
 
@@ -32,7 +33,6 @@ log = logging.getLogger(__name__)
 TRL_NON_COLUMNS = frozenset(
     {"trainer_state", "log_extra", "log_metric", "environments", "prompts", "completions"}
 )
-RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 RewardSpecLike = str | RewardRequest | tuple[str, float] | tuple[str, float, Mapping[str, Any]]
 
@@ -135,7 +135,8 @@ class RewardClient:
 
     ``timeout_s`` is the deadline of one Score call. UNAVAILABLE is retried by the channel's retry policy and,
     beyond it, here until ``retry_budget_s`` has passed (a restarting service); RESOURCE_EXHAUSTED is retried
-    with backoff within the same budget. Then the call raises RewardServiceError.
+    within the same budget only when the server marked it transient (its concurrency bound, with a pushback
+    trailer): a request over a size limit fails at once. Then the call raises RewardServiceError.
     """
 
     def __init__(
@@ -176,10 +177,12 @@ class RewardClient:
                 return getattr(self._service(), method)(request, timeout=self.timeout_s)
             except grpc.RpcError as exc:
                 code, details = exc.code(), exc.details() or ""
-                if code not in RETRIED or time.monotonic() + delay > deadline:
+                pushback = retry_delay_s(exc)
+                wait = max(delay, pushback or 0.0)
+                if pushback is None or time.monotonic() + wait > deadline:
                     raise RewardServiceError(code, details) from exc
-                log.warning("reward service %s (%s); retrying in %.1fs", code.name, details, delay)
-                time.sleep(delay)
+                log.warning("reward service %s (%s); retrying in %.1fs", code.name, details, wait)
+                time.sleep(wait)
                 delay = min(delay * 2, 5.0)
 
     def score(self, samples: Sequence[Sample], rewards: Sequence[RewardSpecLike]) -> list[SampleResult]:

@@ -100,7 +100,8 @@ class Scorer:
             if not wait:
                 raise ResourceExhausted(
                     f"{self._in_flight} requests in flight "
-                    f"(max_concurrent_requests={self._max_concurrent}); retry later"
+                    f"(max_concurrent_requests={self._max_concurrent}); retry later",
+                    retry_after_s=0.2,
                 )
             self._released.clear()
             await self._released.wait()

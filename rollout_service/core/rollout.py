@@ -93,7 +93,8 @@ class RolloutCore:
         if self.generates_in_flight >= self.max_concurrent_generates:
             raise ResourceExhausted(
                 f"{self.generates_in_flight} Generate calls are in flight, the server's limit "
-                f"max_concurrent_generates is {self.max_concurrent_generates}; retry later"
+                f"max_concurrent_generates is {self.max_concurrent_generates}; retry later",
+                retry_after_s=0.5,
             )
         self.generates_in_flight += 1
         try:

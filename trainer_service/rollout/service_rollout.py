@@ -31,6 +31,7 @@ from typing import Any
 
 import grpc
 
+from grpo_runtime.errors import retry_delay_s
 from trainer_service.config.run_config import RunConfig
 from trainer_service.rollout.replicas import (
     RolloutReplicas,
@@ -44,7 +45,8 @@ from trainer_service.rollout.weight_sync import WeightSync
 
 log = logging.getLogger(__name__)
 
-# Status codes of a service that is down or restarting (after the channel's own quick retries).
+# Status codes of a service that is down or restarting (after the channel's own quick retries); a
+# RESOURCE_EXHAUSTED is retried too when the service marked it transient (retry_delay_s).
 _RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
@@ -187,7 +189,9 @@ class ServiceRollout:
             except (grpc.RpcError, RolloutUnavailable) as error:
                 # The service is down or restarting: wait with backoff, then push the weights again (the
                 # generation context notices the version it lost) and redo this step's generation.
-                retryable = isinstance(error, RolloutUnavailable) or error.code() in _RETRYABLE
+                retryable = isinstance(error, RolloutUnavailable) or (
+                    error.code() in _RETRYABLE or retry_delay_s(error) is not None
+                )
                 if not retryable or time.monotonic() + delay > deadline:
                     raise
                 is_rpc = isinstance(error, grpc.RpcError)

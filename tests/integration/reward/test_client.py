@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import pickle
 import socket
 import time
@@ -93,3 +94,34 @@ def test_service_down_raises_after_retries():
         f(prompts=["p"], completions=["x"])
     assert err.value.code.name == "UNAVAILABLE"
     assert time.monotonic() - start < 15
+
+
+def test_request_over_a_size_limit_fails_at_once_without_retrying(reward_server, caplog):
+    # max_samples is 8 on this server: a refusal that can never succeed is not retried for the budget.
+    client = RewardClient(reward_server.address, timeout_s=30, retry_budget_s=60)
+    samples = [Sample(id=str(i), completion="x") for i in range(9)]
+    with caplog.at_level("WARNING", logger="reward_service.client"), pytest.raises(RewardServiceError) as err:
+        client.score(samples, ["format"])
+    client.close()
+    assert err.value.code.name == "RESOURCE_EXHAUSTED" and "max_samples" in err.value.details
+    assert not [r for r in caplog.records if "retrying" in r.getMessage()]
+
+
+def test_concurrency_refusal_is_retried_until_a_slot_frees(reward_server, caplog):
+    # Fill the server's three request slots with slow sandboxed programs, then score: the client is refused,
+    # waits for the pushback it is sent and gets its scores once a slot frees.
+    sleeper = "```python\nimport time\ntime.sleep(1.8)\nprint('ok')\n```"
+    slow = [Sample(id="slow", completion=sleeper, metadata={"expected": "ok"})]
+    busy = [RewardClient(reward_server.address, timeout_s=30) for _ in range(3)]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        held = [pool.submit(c.score, slow, ["code"]) for c in busy]
+        time.sleep(0.5)
+        client = RewardClient(reward_server.address, timeout_s=30, retry_budget_s=30)
+        with caplog.at_level("WARNING", logger="reward_service.client"):
+            results = client.score([Sample(id="s", completion="<think>a</think> b")], ["format"])
+        client.close()
+        assert [len(f.result()) for f in held] == [1, 1, 1]
+    for c in busy:
+        c.close()
+    assert results[0].reward is not None
+    assert any("RESOURCE_EXHAUSTED" in r.getMessage() for r in caplog.records)

@@ -11,6 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 
 from grpo_runtime.client import create_channel, create_sync_channel
+from grpo_runtime.errors import retry_delay_s
 
 from .conftest import SECRET
 
@@ -230,3 +231,6 @@ def test_more_concurrent_requests_than_the_bound_get_resource_exhausted(server):
     assert codes.count(grpc.StatusCode.OK) == 3  # max_concurrent_requests
     assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 2
     assert time.monotonic() - start < 10
+    refusals = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
+    # A transient refusal tells clients when to come back (gRPC's retry pushback).
+    assert all(retry_delay_s(r) is not None and retry_delay_s(r) > 0 for r in refusals)
