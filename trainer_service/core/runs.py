@@ -37,7 +37,7 @@ from grpo_runtime.errors import (
     ResourceExhausted,
 )
 from trainer_service.config.run_config import ConfigError, parse_config
-from trainer_service.core.confinement import RunRoots, confine
+from trainer_service.core.confinement import RunRoots, bounded, confine
 from trainer_service.core.output_dir import check_unlocked
 from trainer_service.core.types import JobEvent, RunInfo, RunState
 from trainer_service.core.worker import WORKER_LOG, run_worker
@@ -103,9 +103,10 @@ class RunManager:
             # Validating up to a million nodes takes a while too: off the loop as well.
             config = await asyncio.to_thread(parse_config, raw)
         except YamlError as exc:
-            raise InvalidArgument(str(exc).removeprefix("config_yaml: "), field="config_yaml") from exc
+            message = bounded(str(exc).removeprefix("config_yaml: "))
+            raise InvalidArgument(message, field="config_yaml") from exc
         except ConfigError as exc:
-            raise InvalidArgument(str(exc), field="config_yaml") from exc
+            raise InvalidArgument(bounded(str(exc)), field="config_yaml") from exc
         self._check_run_id(run_id)
         # Path resolution, mkdir and the lock probe touch the file system: off the loop. The capacity is
         # checked after the paths so that a bad path is reported as such whatever the load.
@@ -200,7 +201,10 @@ class RunManager:
                         message=f"worker process exited with code {code} before reporting an end; "
                         f"last lines of {worker_log}:\n{_log_tail(worker_log)}",
                     )
-            self._loop.call_soon_threadsafe(self._append, run, event)
+            try:
+                self._loop.call_soon_threadsafe(self._append, run, event)
+            except RuntimeError:  # the service's loop has closed (shutdown): nobody is left to tell
+                return
             if event.state.ended:
                 run.process.join(timeout=30)
                 return
@@ -231,7 +235,7 @@ class RunManager:
         try:
             return self._runs[run_id]
         except KeyError:
-            raise NotFound(f"no run {run_id!r}", field="run_id") from None
+            raise NotFound(bounded(f"no run {run_id!r}"), field="run_id") from None
 
     def get(self, run_id: str) -> RunInfo:
         return self._get(run_id).info()

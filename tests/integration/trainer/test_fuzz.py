@@ -99,7 +99,7 @@ trees = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=15,
 )
-run_ids = st.text(max_size=80) | st.sampled_from(["", "blocker", "a", "../x", "x" * 65])
+run_ids = st.text(max_size=80) | st.sampled_from(["", "blocker", "a", "../x", "x" * 65, "y" * 100_000])
 
 
 def paths(root: Path):
@@ -122,6 +122,7 @@ def paths(root: Path):
             str(root / "secrets" / "token"),
             str(root / "secrets"),
             str(root / ".." / "elsewhere"),
+            "/" + "q" * 100_000,  # its error must still fit the status
         ]
     ) | st.text(max_size=40)
 

@@ -152,6 +152,13 @@ def test_paths_outside_the_roots_are_refused_naming_the_key(tmp_path, roots, ove
     assert error.value.message.startswith(f"{key}: "), error.value.message
 
 
+def test_errors_about_huge_paths_stay_small(tmp_path, roots):
+    """A status's details travel in gRPC metadata (8 KiB at most): a hostile path is cut in the message."""
+    with pytest.raises(InvalidArgument) as error:
+        confine(parse_config(base_config(tmp_path, output="/" + "x" * 200_000)), roots)
+    assert error.value.message.startswith("output: ") and len(error.value.details) < 2000
+
+
 def test_symlinks_and_devices_inside_the_roots_are_refused(tmp_path, roots):
     runs, data = tmp_path / "runs", tmp_path / "data"
     runs.mkdir()
