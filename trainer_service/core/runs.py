@@ -100,7 +100,7 @@ class RunManager:
         """Validate the config and start its worker; returns the run id."""
         try:
             raw = await safe_load_yaml_async(config_yaml, what="config_yaml", limits=CONFIG_YAML_LIMITS)
-            # Validating up to a million nodes takes a while too: off the loop as well.
+            # Validating up to CONFIG_YAML_LIMITS.max_nodes values takes a while too: off the loop as well.
             config = await asyncio.to_thread(parse_config, raw)
         except YamlError as exc:
             message = bounded(str(exc).removeprefix("config_yaml: "))
