@@ -39,7 +39,7 @@ from pydantic import (
     model_validator,
 )
 
-from grpo_runtime.config import ConfigError as YamlError
+from grpo_runtime.config import ConfigError as RuntimeConfigError
 from grpo_runtime.config import safe_load_yaml
 from trainer_service.config.rollout_targets import parse_target
 from trainer_service.config.variants import VariantConfigError, validate_variant_params
@@ -48,8 +48,10 @@ from trainer_service.config.variants import VariantConfigError, validate_variant
 MAX_REWARD_WEIGHT = 1e6
 
 
-class ConfigError(ValueError):
-    """A config that cannot run; the message names the dotted key (``training.lr: must be > 0``)."""
+class ConfigError(RuntimeConfigError):
+    """A config that cannot run; the message names the dotted key (``training.lr: must be > 0``), and ``key``
+    holds it. The runtime's ConfigError with the key kept apart, so whatever handles a service's config error
+    handles a run config's too."""
 
     def __init__(self, message: str, key: str | None = None):
         self.key = key
@@ -399,7 +401,7 @@ def parse_config(source: str | dict[str, Any]) -> RunConfig:
     if isinstance(source, str):
         try:
             raw: Any = safe_load_yaml(source, what="config")
-        except YamlError as exc:
+        except RuntimeConfigError as exc:
             raise ConfigError(str(exc).removeprefix("config: ")) from exc
     else:
         raw = source

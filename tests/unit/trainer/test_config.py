@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from grpo_runtime.config import ConfigError as RuntimeConfigError
 from trainer_service.config.run_config import ConfigError, load_config, parse_config, parse_reward_fn
 
 MINIMAL = {"base": "models/policy", "data": {"train": "train.jsonl"}}
@@ -145,3 +146,10 @@ def test_admin_token_file(tmp_path):
     token.write_text("s3cret\n")
     config = parse_config({**MINIMAL, "services": {"admin_token_file": str(token)}})
     assert config.services.resolved_admin_token() == "s3cret"
+
+
+def test_a_run_config_error_is_the_runtime_config_error_with_its_key():
+    with pytest.raises(RuntimeConfigError) as caught:
+        parse_config({"base": "m", "data": {"train": "t.jsonl"}, "training": {"lr": 0}})
+    assert isinstance(caught.value, ConfigError) and caught.value.key == "training.lr"
+    assert str(caught.value).startswith("training.lr: ")
