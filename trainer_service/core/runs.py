@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_runtime.config import ConfigError as YamlError
-from grpo_runtime.config import YamlLimits, safe_load_yaml_async
+from grpo_runtime.config import ConfigError, YamlLimits, safe_load_yaml_async
 from grpo_runtime.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -36,7 +35,7 @@ from grpo_runtime.errors import (
     NotFound,
     ResourceExhausted,
 )
-from trainer_service.config.run_config import ConfigError, parse_config
+from trainer_service.config.run_config import parse_config
 from trainer_service.core.confinement import RunRoots, bounded, confine
 from trainer_service.core.output_dir import check_unlocked
 from trainer_service.core.types import JobEvent, RunInfo, RunState
@@ -102,11 +101,9 @@ class RunManager:
             raw = await safe_load_yaml_async(config_yaml, what="config_yaml", limits=CONFIG_YAML_LIMITS)
             # Validating up to CONFIG_YAML_LIMITS.max_nodes values takes a while too: off the loop as well.
             config = await asyncio.to_thread(parse_config, raw)
-        except YamlError as exc:
+        except ConfigError as exc:  # YAML errors start with "config_yaml: ", run-config ones with the key
             message = bounded(str(exc).removeprefix("config_yaml: "))
             raise InvalidArgument(message, field="config_yaml") from exc
-        except ConfigError as exc:
-            raise InvalidArgument(bounded(str(exc)), field="config_yaml") from exc
         self._check_run_id(run_id)
         # Path resolution, mkdir and the lock probe touch the file system: off the loop. The capacity is
         # checked after the paths so that a bad path is reported as such whatever the load.
