@@ -39,8 +39,16 @@ def trio(images, network: Network, runs_dir: Path, tiny_models) -> Iterator[dict
         started["rollout"] = start_service(
             images["rollout"], "rollout", network, ["--model", "/opt/grpo/models/demo", "--engine", "hf"]
         )
+        # StartRun writes only under runs_root and reads data only under data_roots, as deployments set them.
+        config = runs_dir.parent / "trainer.yaml"
+        config.write_text(yaml.safe_dump({"runs_root": RUNS_IN_CONTAINER, "data_roots": ["/opt/grpo/data"]}))
+        config.chmod(0o644)
         started["trainer"] = start_service(
-            images["trainer"], "trainer", network, [], volumes=[(str(runs_dir), RUNS_IN_CONTAINER, "rw")]
+            images["trainer"],
+            "trainer",
+            network,
+            ["--config", "/etc/grpo/trainer.yaml"],
+            volumes=[(str(runs_dir), RUNS_IN_CONTAINER, "rw"), (str(config), "/etc/grpo/trainer.yaml", "ro")],
         )
         yield started
     finally:
