@@ -27,7 +27,7 @@ from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 from grpo.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
 from grpo_runtime.healthcheck import check
-from tests.containers.conftest import PORTS, REPO
+from tests.containers.service_containers import PORTS, REPO
 
 COMPOSE_DIR = REPO / "docker"
 SERVICES = ("reward", "rollout", "trainer")

@@ -15,7 +15,7 @@ from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
 import docker
 from grpo_runtime.healthcheck import check
-from tests.containers.conftest import Running, wait_serving
+from tests.containers.service_containers import Running, wait_serving
 from tests.deploy.k8s_render import config_files, rendered_containers
 
 TOKEN = "manifest-test-token"

@@ -12,7 +12,7 @@ from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 from testcontainers.core.network import Network
 
 import docker
-from tests.containers.conftest import CONTAINER_UID, REPO, Running, start_service, wait_serving
+from tests.containers.service_containers import CONTAINER_UID, REPO, Running, start_service, wait_serving
 
 HOSTILE = {
     "network": "import socket\nsocket.create_connection(('127.0.0.1', 50051), timeout=2)\nprint(3)",

@@ -15,7 +15,7 @@ from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 from grpo.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from testcontainers.core.network import Network
 
-from tests.containers.conftest import CONTAINER_UID, Running, start_service, wait_serving
+from tests.containers.service_containers import CONTAINER_UID, Running, start_service, wait_serving
 
 RUNS_IN_CONTAINER = "/var/lib/grpo/runs"
 MODELS_IN_CONTAINER = "/models"

@@ -12,7 +12,7 @@ from grpo.common.v1 import common_pb2
 from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 from testcontainers.core.network import Network
 
-from tests.containers.conftest import CONTAINER_UID, Running, start_service
+from tests.containers.service_containers import CONTAINER_UID, Running, start_service
 
 DEMO_MODEL = "/opt/grpo/models/demo"
 

@@ -15,8 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 
 from grpo_runtime.client import create_sync_channel
-
-from .conftest import SETTINGS, reward_server_thread
+from tests.integration.reward.fixtures import SETTINGS, reward_server_thread
 
 # Quadratic for a backtracking engine on open-r1's format pattern (0.7 s for 3000 repeats with `re`).
 FORMAT_BOMB = "<think>\n" + "\n</think>\n<answer>\n" * 60_000

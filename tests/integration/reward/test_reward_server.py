@@ -12,8 +12,7 @@ from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 
 from grpo_runtime.client import create_channel, create_sync_channel
 from grpo_runtime.errors import retry_delay_s
-
-from .conftest import SECRET
+from tests.integration.reward.fixtures import SECRET
 
 BUILTINS = [
     "accuracy",

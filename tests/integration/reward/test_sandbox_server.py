@@ -15,8 +15,7 @@ from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 
 from grpo_runtime.client import create_channel
 from grpo_runtime.server import GrpcServer
-
-from .conftest import reward_server_thread
+from tests.integration.reward.fixtures import reward_server_thread
 
 TOKEN = f"grpo-admin-token-{os.getpid()}"
 SETTINGS = {
