@@ -12,7 +12,7 @@ from typing import Any
 from grpo_runtime.config import ServerConfig
 from grpo_runtime.server import Cleanup, GrpcServer, ServiceBinding
 
-Build = Callable[[], Awaitable[tuple[list[ServiceBinding], Cleanup]]]
+Build = Callable[[], Awaitable[tuple[list[ServiceBinding], Cleanup | None]]]
 
 
 @contextmanager

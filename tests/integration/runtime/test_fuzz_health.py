@@ -3,8 +3,6 @@ arbitrary health service names, never get INTERNAL/UNKNOWN, and the server stays
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 
 import grpc
@@ -13,8 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grpo_runtime.config import ServerConfig
-from grpo_runtime.server import GrpcServer
+from tests.support.server_thread import server_thread
 
 ALLOWED = {
     grpc.StatusCode.OK,
@@ -36,26 +33,11 @@ FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthChe
 
 @pytest.fixture(scope="module")
 def channel(test_service) -> Iterator[grpc.Channel]:
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    state: dict[str, object] = {}
+    async def build():
+        return test_service.bindings(), None
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        state["stop"] = stop
-        async with GrpcServer(ServerConfig(port=0), test_service.bindings()) as server:
-            state["address"] = server.address
-            ready.set()
-            await stop.wait()
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
-    thread.start()
-    assert ready.wait(30)
-    with grpc.insecure_channel(str(state["address"])) as channel:
+    with server_thread(build) as server, grpc.insecure_channel(server.address) as channel:
         yield channel
-    loop.call_soon_threadsafe(state["stop"].set)  # type: ignore[attr-defined]
-    thread.join(30)
-    loop.close()
 
 
 def _call(channel: grpc.Channel, method: str, kind: str, payloads: list[bytes]) -> grpc.StatusCode:
