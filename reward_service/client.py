@@ -12,7 +12,6 @@ made-up zeros: when the service stays unreachable it raises.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -24,6 +23,7 @@ from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 
 from grpo_runtime.client import ChannelConfig, create_sync_channel
 from grpo_runtime.errors import retry_delay_s
+from grpo_runtime.prompt_groups import prompt_runs
 from reward_service.api import convert
 from reward_service.types import Message, RewardRequest, Sample, SampleResult
 
@@ -111,23 +111,21 @@ def trl_samples(
         and not isinstance(v, str)
         and len(v) == n
     }
-    samples, group, previous = [], -1, object()
-    for i in range(n):
-        prompt = prompts[i] if prompts is not None else None
-        key = json.dumps(json_safe(prompt), sort_keys=True)
-        if key != previous:
-            group, previous = group + 1, key
-        samples.append(
-            Sample(
-                id=str(i),
-                completion=_text(completions[i]),
-                prompt=_prompt(prompt),
-                completion_ids=tuple(int(t) for t in completion_ids[i]) if completion_ids is not None else (),
-                metadata={k: json_safe(v[i]) for k, v in usable.items()},
-                group=f"g{group}",
-            )
+    row_prompts = list(prompts) if prompts is not None else [None] * n
+    group_of = [0] * n
+    for group, (start, count) in enumerate(prompt_runs(row_prompts)):
+        group_of[start : start + count] = [group] * count
+    return [
+        Sample(
+            id=str(i),
+            completion=_text(completions[i]),
+            prompt=_prompt(row_prompts[i]),
+            completion_ids=tuple(int(t) for t in completion_ids[i]) if completion_ids is not None else (),
+            metadata={k: json_safe(v[i]) for k, v in usable.items()},
+            group=f"g{group_of[i]}",
         )
-    return samples
+        for i in range(n)
+    ]
 
 
 class RewardClient:

@@ -50,9 +50,10 @@ from typing import Any
 
 from torch.utils.data import Sampler
 
+from grpo_runtime.prompt_groups import prompt_key
 from trainer_service.rollout.core_borrowing import CoreBorrowing
 from trainer_service.rollout.replicas import RolloutUnavailable
-from trainer_service.rollout.service_rollout import ServiceRollout, prompt_key
+from trainer_service.rollout.service_rollout import ServiceRollout
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ replica.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ from typing import Any
 import grpc
 
 from grpo_runtime.errors import retry_delay_s
+from grpo_runtime.prompt_groups import prompt_runs
 from trainer_service.config.run_config import RunConfig
 from trainer_service.rollout.replicas import (
     RolloutReplicas,
@@ -91,27 +91,10 @@ class SamplingConfig:
         return SamplingConfig(**{**self.__dict__, "seed": self.seed + 1_000_003 * step + call})
 
 
-def prompt_key(prompt: Any) -> str:
-    """A hashable, order-stable identity of one prompt (message list or string); equal prompts, equal keys."""
-    return json.dumps(prompt, sort_keys=True, default=str)
-
-
 def group_runs(prompts: Sequence[Any], max_group: int) -> list[tuple[Any, int]]:
-    """Collapse consecutive equal prompts into ``(prompt, count)`` runs of at most ``max_group``.
-
-    ``[a, a, b, b] → [(a, 2), (b, 2)]``. Two different rows with the same prompt text that happen to be
-    adjacent form one longer run, which is split every ``max_group`` so no request asks for more than G.
-    """
-    runs: list[tuple[Any, int]] = []
-    previous_key = None
-    for prompt in prompts:
-        key = prompt_key(prompt)
-        if runs and key == previous_key and runs[-1][1] < max_group:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((prompt, 1))
-        previous_key = key
-    return runs
+    """Collapse consecutive equal prompts into ``(prompt, count)`` runs of at most ``max_group``:
+    ``[a, a, b, b] → [(a, 2), (b, 2)]`` (:func:`~grpo_runtime.prompt_groups.prompt_runs`)."""
+    return [(prompts[start], count) for start, count in prompt_runs(prompts, max_group)]
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.utils.data import SequentialSampler
 
+from grpo_runtime.prompt_groups import prompt_key
 from trainer_service.config.run_config import ConfigError, parse_config
 from trainer_service.rollout.async_rollout import (
     AsyncServiceRollout,
@@ -20,7 +21,7 @@ from trainer_service.rollout.async_rollout import (
 )
 from trainer_service.rollout.core_borrowing import CoreBorrowing
 from trainer_service.rollout.replicas import RolloutUnavailable
-from trainer_service.rollout.service_rollout import SamplingConfig, ServiceRollout, prompt_key
+from trainer_service.rollout.service_rollout import SamplingConfig, ServiceRollout
 from trainer_service.rollout.weight_sync import WeightSync
 from trainer_service.training.job import run_job
 
