@@ -135,13 +135,17 @@ def _non_blank(token: str, source: str) -> str:
     return stripped
 
 
-def format_validation_error(error: ValidationError, prefix: str | None = None) -> str:
-    """One line per pydantic error, each ``dotted.key: message``, joined with ``; ``.
+# pydantic's wording for the two errors a hand-written config meets most, in a config file's terms.
+_CONFIG_MESSAGES = {"extra_forbidden": "unknown key", "missing": "required key is missing"}
 
-    ``prefix`` is prepended to every key (``"server"`` for the ``server:`` block of a file).
-    Errors of a whole-model validator (empty ``loc``) are named by the prefix alone.
+
+def validation_errors(error: ValidationError, prefix: str | None = None) -> list[tuple[str, str]]:
+    """``(dotted.key, message)`` of each pydantic error; list positions as ``[i]`` (``rewards[1].q``).
+
+    ``prefix`` is prepended to every key (``"server"`` for the ``server:`` block of a file). Errors of a
+    whole-model validator (empty ``loc``) are named by the prefix alone, or ``config``.
     """
-    parts = []
+    named = []
     for item in error.errors():
         loc = [prefix] if prefix else []
         for element in item["loc"]:
@@ -149,10 +153,14 @@ def format_validation_error(error: ValidationError, prefix: str | None = None) -
                 loc[-1] = f"{loc[-1]}[{element}]"
             else:
                 loc.append(str(element))
-        key = ".".join(loc) or "config"
-        message = item["msg"].removeprefix("Value error, ")
-        parts.append(f"{key}: {message}")
-    return "; ".join(parts)
+        message = _CONFIG_MESSAGES.get(item["type"], item["msg"].removeprefix("Value error, "))
+        named.append((".".join(loc) or "config", message))
+    return named
+
+
+def format_validation_error(error: ValidationError, prefix: str | None = None) -> str:
+    """One ``dotted.key: message`` per pydantic error (:func:`validation_errors`), joined with ``; ``."""
+    return "; ".join(f"{key}: {message}" for key, message in validation_errors(error, prefix))
 
 
 @dataclass(frozen=True)

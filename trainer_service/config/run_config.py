@@ -40,7 +40,7 @@ from pydantic import (
 )
 
 from grpo_runtime.config import ConfigError as RuntimeConfigError
-from grpo_runtime.config import safe_load_yaml
+from grpo_runtime.config import safe_load_yaml, validation_errors
 from trainer_service.config.rollout_targets import parse_target
 from trainer_service.config.variants import VariantConfigError, validate_variant_params
 
@@ -410,14 +410,9 @@ def parse_config(source: str | dict[str, Any]) -> RunConfig:
     try:
         config = RunConfig.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        # List positions as [i]: services.rollout[1], training.lora.target_modules[0].
-        key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
-        key = key or "config"
-        message = {"extra_forbidden": "unknown key", "missing": "required key is missing"}.get(
-            first["type"], first["msg"].removeprefix("Value error, ")
-        )
-        more = len(exc.errors()) - 1
+        errors = validation_errors(exc)
+        key, message = errors[0]
+        more = len(errors) - 1
         suffix = f" (and {more} more error{'s' if more > 1 else ''})" if more else ""
         raise ConfigError(message + suffix, key=key) from exc
     _check_cross_fields(config)

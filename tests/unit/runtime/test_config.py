@@ -27,7 +27,7 @@ def test_unknown_keys_and_bad_values_name_the_key():
     with pytest.raises(ValidationError) as error:
         ServerConfig.model_validate({"prot": 1, "grace_period_s": -1})
     line = format_validation_error(error.value, prefix="server")
-    assert "server.prot: Extra inputs are not permitted" in line
+    assert "server.prot: unknown key" in line
     assert "server.grace_period_s: Input should be greater than or equal to 0" in line
 
 
@@ -92,7 +92,7 @@ def test_error_keys_are_dotted_with_list_indices():
         _Settings.model_validate({"lora": {"r": "x"}, "rewards": [{"r": 1}, {"r": 2, "q": 0}]})
     line = format_validation_error(error.value)
     assert "lora.r: Input should be a valid integer" in line
-    assert "rewards[1].q: Extra inputs are not permitted" in line
+    assert "rewards[1].q: unknown key" in line
     assert "\n" not in line
 
 
