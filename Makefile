@@ -10,9 +10,20 @@ STAMP := $(VENV)/.installed
 TOOLS_STAMP := .venv-tools/.installed
 GEN := gen/python
 
-.PHONY: setup protos check-protos api-docs lint test test-fast run bench images images-cuda clean models
+.PHONY: setup sandbox-tools protos check-protos api-docs lint test test-fast run bench images images-cuda clean models
 
-setup: $(STAMP) models $(TOOLS_STAMP) examples/node/node_modules
+setup: sandbox-tools $(STAMP) models $(TOOLS_STAMP) examples/node/node_modules
+
+# The reward service runs model-written code under bubblewrap (and gVisor's runsc, when present): Debian
+# packages, installed here when missing and we are root; otherwise the sandbox reports `code` unavailable.
+sandbox-tools:
+	@if ! command -v bwrap >/dev/null || ! command -v runsc >/dev/null; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap runsc >/dev/null; \
+		else \
+			echo "warning: install Debian's bubblewrap (and runsc) for the code sandbox" >&2; \
+		fi; \
+	fi
 
 # torch first, from the CPU wheel on this machine, so no extra can pull a CUDA build.
 $(STAMP): pyproject.toml

@@ -118,9 +118,9 @@ class Unimplemented(ServiceError):
 def retry_delay_s(error: grpc.RpcError) -> float | None:
     """How long a failed call asks to wait before a retry, or None when it is not worth retrying.
 
-    UNAVAILABLE (a restarting or unreachable server) is always retryable (None delay = the caller's backoff:
-    0.0 here); RESOURCE_EXHAUSTED only when the server sent the pushback trailer (a transient concurrency
-    bound, :class:`ResourceExhausted` with ``retry_after_s``). Every client of the services decides with this.
+    UNAVAILABLE (a restarting or unreachable server) is always retryable, with no wait of its own (0.0: the
+    caller's backoff decides); RESOURCE_EXHAUSTED only when the server sent the pushback trailer (a transient
+    concurrency bound, :class:`ResourceExhausted` with ``retry_after_s``), after the wait it names.
     """
     code = error.code() if hasattr(error, "code") else None
     if code == grpc.StatusCode.UNAVAILABLE:
