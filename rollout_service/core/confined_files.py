@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from grpo_runtime.errors import InvalidArgument, PermissionDenied, ResourceExhausted
+from grpo_runtime.paths import is_within, resolve_path
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -32,13 +33,13 @@ def resolve_under(root: Path, path: str | Path, field: str) -> Path:
     """``path`` (relative paths are taken relative to ``root``) with every symlink and ``..``
     resolved; PERMISSION_DENIED unless it lies under ``root`` (itself already resolved)."""
     text = str(path)
-    if not text or "\x00" in text:
-        raise InvalidArgument("must be a non-empty path without NUL characters", field=field)
+    if not text:
+        raise InvalidArgument("must be a non-empty path", field=field)
     try:
-        resolved = (root / text).resolve()
-    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
-        raise InvalidArgument(f"cannot resolve {text!r} ({exc})", field=field) from exc
-    if not resolved.is_relative_to(root):
+        resolved = resolve_path(text, root)
+    except ValueError as exc:
+        raise InvalidArgument(f"{text!r} {exc}", field=field) from exc
+    if not is_within(resolved, (root,)):
         raise PermissionDenied(f"{text!r} is outside the server's weights_root {str(root)!r}", field=field)
     return resolved
 
@@ -65,7 +66,7 @@ def read_confined(root: Path, path: Path, max_bytes: int, field: str) -> memoryv
         if not stat.S_ISREG(info.st_mode):
             raise InvalidArgument(f"{path.name!r} is not a regular file", field=field)
         opened = _descriptor_path(fd)
-        if opened is not None and not opened.is_relative_to(root):
+        if opened is not None and not is_within(opened, (root,)):
             raise PermissionDenied(f"{path.name!r} is outside the server's weights_root", field=field)
         if info.st_size > max_bytes:
             raise ResourceExhausted(

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_runtime.errors import InvalidArgument
+from grpo_runtime.paths import is_within, resolve_path
 from trainer_service.config.run_config import RunConfig
 from trainer_service.settings import TrainerServiceSettings
 
@@ -55,16 +56,14 @@ def _refused(key: str, message: str) -> InvalidArgument:
 
 def _resolve(text: str, key: str) -> Path:
     """``text`` as an absolute path with every symlink resolved."""
-    if "\x00" in text:
-        raise _refused(key, "contains a NUL byte")
     try:
-        return Path(text).resolve()
-    except (OSError, RuntimeError, ValueError) as exc:  # symlink loops, over-long names
-        raise _refused(key, f"cannot be resolved: {exc}") from exc
+        return resolve_path(text)
+    except ValueError as exc:
+        raise _refused(key, str(exc)) from exc
 
 
 def _inside(path: Path, roots: tuple[Path, ...], key: str, what: str) -> None:
-    if not any(path.is_relative_to(root) for root in roots):
+    if not is_within(path, roots):
         listed = ", ".join(str(root) for root in roots) or "(none configured)"
         raise _refused(key, f"{path} is outside the allowed {what} ({listed})")
 
