@@ -15,6 +15,8 @@ import grpc
 
 # gRPC's trailer for "retry this call after N ms" (gRFC A6); the only RESOURCE_EXHAUSTED worth retrying.
 RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+# Longest status details sent, in characters: well inside gRPC's 8 KiB metadata limit.
+MAX_DETAILS_CHARS = 1000
 
 
 class ServiceError(Exception):
@@ -33,8 +35,11 @@ class ServiceError(Exception):
 
     @property
     def details(self) -> str:
-        """The status details sent to the client: ``"field: message"`` or ``"message"``."""
-        return f"{self.field}: {self.message}" if self.field else self.message
+        """The status details sent to the client: ``"field: message"`` or ``"message"``, cut to
+        :data:`MAX_DETAILS_CHARS` (a message may quote hostile input, and details past gRPC's 8 KiB
+        metadata limit would reach the client as a different status)."""
+        details = f"{self.field}: {self.message}" if self.field else self.message
+        return details if len(details) <= MAX_DETAILS_CHARS else f"{details[:MAX_DETAILS_CHARS]}..."
 
     def __str__(self) -> str:
         return self.details

@@ -42,16 +42,8 @@ class RunRoots:
         )
 
 
-# Longest error message: a hostile path is cut so that the status fits gRPC's metadata limit (8 KiB).
-MAX_MESSAGE_CHARS = 1000
-
-
-def bounded(message: str) -> str:
-    return message if len(message) <= MAX_MESSAGE_CHARS else f"{message[:MAX_MESSAGE_CHARS]}..."
-
-
 def _refused(key: str, message: str) -> InvalidArgument:
-    return InvalidArgument(bounded(f"{key}: {message}"), field="config_yaml")
+    return InvalidArgument(f"{key}: {message}", field="config_yaml")
 
 
 def _resolve(text: str, key: str) -> Path:

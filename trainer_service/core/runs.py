@@ -36,7 +36,7 @@ from grpo_runtime.errors import (
     ResourceExhausted,
 )
 from trainer_service.config.run_config import parse_config
-from trainer_service.core.confinement import RunRoots, bounded, confine
+from trainer_service.core.confinement import RunRoots, confine
 from trainer_service.core.output_dir import check_unlocked
 from trainer_service.core.types import JobEvent, RunInfo, RunState
 from trainer_service.core.worker import WORKER_LOG, run_worker
@@ -102,7 +102,7 @@ class RunManager:
             # Validating up to CONFIG_YAML_LIMITS.max_nodes values takes a while too: off the loop as well.
             config = await asyncio.to_thread(parse_config, raw)
         except ConfigError as exc:  # YAML errors start with "config_yaml: ", run-config ones with the key
-            message = bounded(str(exc).removeprefix("config_yaml: "))
+            message = str(exc).removeprefix("config_yaml: ")
             raise InvalidArgument(message, field="config_yaml") from exc
         self._check_run_id(run_id)
         # Path resolution, mkdir and the lock probe touch the file system: off the loop. The capacity is
@@ -232,7 +232,7 @@ class RunManager:
         try:
             return self._runs[run_id]
         except KeyError:
-            raise NotFound(bounded(f"no run {run_id!r}"), field="run_id") from None
+            raise NotFound(f"no run {run_id!r}", field="run_id") from None
 
     def get(self, run_id: str) -> RunInfo:
         return self._get(run_id).info()

@@ -233,3 +233,11 @@ def test_more_concurrent_requests_than_the_bound_get_resource_exhausted(server):
     refusals = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
     # A transient refusal tells clients when to come back (gRPC's retry pushback).
     assert all(retry_delay_s(r) is not None and retry_delay_s(r) > 0 for r in refusals)
+
+
+def test_a_huge_unknown_reward_name_is_invalid_argument_with_short_details(stub):
+    # The details quote the name; cut, they fit gRPC's metadata limit instead of failing the status itself.
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Score(request([{"completion": "x"}], ["y" * 100_000]), timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "rewards[0].name" in err.value.details() and len(err.value.details()) < 2000

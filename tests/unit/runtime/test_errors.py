@@ -36,3 +36,10 @@ def test_details_name_the_field_when_given():
     assert errors.Unavailable("engine starting").details == "engine starting"
     error = errors.InvalidArgument("empty role", field="prompts[2].messages[0].role")
     assert (error.field, error.message) == ("prompts[2].messages[0].role", "empty role")
+
+
+def test_details_quoting_hostile_input_stay_within_the_metadata_limit():
+    error = errors.InvalidArgument(f"unknown reward {'x' * 100_000!r}", field="rewards[0].name")
+    assert error.details.startswith("rewards[0].name: unknown reward 'xxx")
+    assert len(error.details) <= errors.MAX_DETAILS_CHARS + 3
+    assert str(error) == error.details
