@@ -1,5 +1,5 @@
-"""Hostile inputs more than one test layer sends: an alias-bomb YAML, and a process that holds a run's output
-directory lock as a live worker left by another service process would."""
+"""Hostile inputs more than one test layer sends: an alias-bomb YAML, a deeply nested Struct value, and a
+process that holds a run's output directory lock as a live worker left by another service process would."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from google.protobuf import struct_pb2
 
 _HOLD_LOCK = """
 import sys, time
@@ -25,6 +27,16 @@ def alias_bomb(levels: int = 9) -> str:
     lines = ["l0: &l0 [x, x, x, x, x, x, x, x, x]"]
     lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
     return "\n".join(lines) + "\n"
+
+
+def nested_value(levels: int) -> struct_pb2.Value:
+    """``[[...[1]...]]`` with ``levels`` lists around the number."""
+    value = struct_pb2.Value()
+    leaf = value
+    for _ in range(levels):
+        leaf = leaf.list_value.values.add()
+    leaf.number_value = 1
+    return value
 
 
 @contextmanager

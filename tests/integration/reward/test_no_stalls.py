@@ -10,12 +10,12 @@ import time
 
 import grpc
 import pytest
-from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 
 from grpo_runtime.client import create_sync_channel
 from tests.integration.reward.fixtures import SETTINGS, reward_server_thread
+from tests.support.hostile_inputs import nested_value
 
 # Quadratic for a backtracking engine on open-r1's format pattern (0.7 s for 3000 repeats with `re`).
 FORMAT_BOMB = "<think>\n" + "\n</think>\n<answer>\n" * 60_000
@@ -102,15 +102,6 @@ def _pool(server):
     return servicer._scorer._builtins["accuracy"]._pool
 
 
-def _deep_value(levels: int) -> struct_pb2.Value:
-    value = struct_pb2.Value()
-    leaf = value
-    for _ in range(levels):
-        leaf = leaf.list_value.values.add()
-    leaf.number_value = 1
-    return value
-
-
 @pytest.mark.parametrize(
     ("build", "details"),
     [
@@ -127,11 +118,11 @@ def _deep_value(levels: int) -> struct_pb2.Value:
             "rewards[0].params.min_steps: must be a finite",
         ),
         (
-            lambda r: r.samples[0].metadata.fields["deep"].CopyFrom(_deep_value(40)),
+            lambda r: r.samples[0].metadata.fields["deep"].CopyFrom(nested_value(40)),
             "nested deeper than 32 levels",
         ),
         (
-            lambda r: r.samples[0].metadata.fields["deeper"].CopyFrom(_deep_value(200)),
+            lambda r: r.samples[0].metadata.fields["deeper"].CopyFrom(nested_value(200)),
             "request: cannot be decoded",
         ),
         (lambda r: setattr(r.rewards[0], "weight", float("nan")), "rewards[0].weight: must be finite"),

@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from google.protobuf import struct_pb2
 from grpo.reward.v1 import reward_pb2
 
 from grpo_runtime.errors import InvalidArgument
 from reward_service.api import convert
-
-
-def _nested(levels: int) -> struct_pb2.Value:
-    """``[[...[1]...]]`` with ``levels`` lists around the number."""
-    value = struct_pb2.Value()
-    leaf = value
-    for _ in range(levels):
-        leaf = leaf.list_value.values.add()
-    leaf.number_value = 1
-    return value
+from tests.support.hostile_inputs import nested_value
 
 
 def _request(metadata: dict | None = None, params: dict | None = None) -> reward_pb2.ScoreRequest:
@@ -53,9 +43,9 @@ def test_non_finite_numbers_are_invalid_argument_naming_the_path(metadata, param
 
 def test_nesting_is_limited_naming_the_field():
     request = _request()
-    request.samples[0].metadata.fields["deep"].CopyFrom(_nested(convert.MAX_STRUCT_DEPTH - 1))
+    request.samples[0].metadata.fields["deep"].CopyFrom(nested_value(convert.MAX_STRUCT_DEPTH - 1))
     assert convert.score_request(request)[0][0].metadata["deep"]  # just within the limit
-    request.samples[0].metadata.fields["deep"].CopyFrom(_nested(convert.MAX_STRUCT_DEPTH))
+    request.samples[0].metadata.fields["deep"].CopyFrom(nested_value(convert.MAX_STRUCT_DEPTH))
     with pytest.raises(InvalidArgument, match="nested deeper than 32 levels") as error:
         convert.score_request(request)
     assert error.value.field.startswith("samples[0].metadata.deep[0]")
