@@ -1,14 +1,16 @@
 """What the service keeps in a run's output directory besides the training outputs.
 
-- ``.run.lock``: ``flock``-ed by the worker that writes the directory until its run ends, its pid inside.
-  The kernel drops the lock when that process dies however it dies, so a lock that cannot be taken means a
-  live writer — possibly one left by an earlier service process — and a second run or a resume is refused.
+- ``.run.lock``: locked (``lockf``) by the worker that writes the directory until its run ends, its pid
+  inside. The kernel drops the lock when that process dies however it dies, so a lock that cannot be taken
+  means a live writer — possibly one left by an earlier service process — and a second run or a resume is
+  refused.
 - ``run_completed.json``: written when a run completes (``{"step": N, "total_steps": N}``), removed when a
   fresh (non-resumed) run starts in the directory. A resume of a completed run reads it and trains nothing.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -27,6 +29,22 @@ def _open_lock(output_dir: Path) -> int:
     return os.open(output_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
 
 
+def _try_lock(fd: int) -> bool:
+    """Take the lock without waiting; False when another live process holds it.
+
+    A POSIX record lock (``lockf``), not ``flock``: it belongs to the process that took it, so the worker's
+    forked children (killed with it, but a few milliseconds later) never hold it, and it is gone the moment
+    the worker is.
+    """
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            return False
+        raise
+    return True
+
+
 def _locked_error(output_dir: Path, fd: int) -> FailedPrecondition:
     holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
     return FailedPrecondition(
@@ -40,12 +58,10 @@ def hold_lock(output_dir: Path) -> int:
     """Take the directory's lock for this process (returns the fd to keep open); FailedPrecondition naming
     ``output`` when another live process holds it."""
     fd = _open_lock(output_dir)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not _try_lock(fd):
         error = _locked_error(output_dir, fd)
         os.close(fd)
-        raise error from None
+        raise error
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd
@@ -58,11 +74,9 @@ def check_unlocked(output_dir: Path) -> None:
         return
     fd = _open_lock(output_dir)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise _locked_error(output_dir, fd) from None
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        if not _try_lock(fd):
+            raise _locked_error(output_dir, fd)
+        fcntl.lockf(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
 
