@@ -33,12 +33,14 @@ WORKER_GONE_S = 15.0
 
 
 def gone(pid: int) -> bool:
-    """True once ``pid`` has exited (a zombie waiting for its reaper counts as exited)."""
+    """True once ``pid`` has exited: a zombie waiting for its reaper counts, but only once its other threads
+    are gone too (a killed multi-threaded leader shows Z while they still exit and hold its files)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        threads = len(os.listdir(f"/proc/{pid}/task"))
     except (FileNotFoundError, ProcessLookupError):
         return True
-    return state in ("Z", "X")
+    return state in ("Z", "X") and threads <= 1
 
 
 def watch_until(stub, run_id: str, done) -> list[trainer_pb2.RunEvent]:
