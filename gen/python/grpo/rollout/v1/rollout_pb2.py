@@ -22,10 +22,11 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from grpo.common.v1 import common_pb2 as grpo_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dgrpo/rollout/v1/rollout.proto\x12\x0fgrpo.rollout.v1\x1a\x1bgrpo/common/v1/common.proto\"d\n\x06Prompt\x12\n\n\x02id\x18\x01 \x01(\t\x12-\n\x08messages\x18\x02 \x03(\x0b\x32\x1b.grpo.common.v1.ChatMessage\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\"\xc6\x02\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x05\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x08 \x01(\x02H\x06\x88\x01\x01\x12\x17\n\nmin_tokens\x18\t \x01(\rH\x07\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\r\n\x0b_max_tokensB\x07\n\x05_seedB\x15\n\x13_repetition_penaltyB\r\n\x0b_min_tokens\"y\n\x0fGenerateRequest\x12(\n\x07prompts\x18\x01 \x03(\x0b\x32\x17.grpo.rollout.v1.Prompt\x12\t\n\x01n\x18\x02 \x01(\r\x12\x31\n\x08sampling\x18\x03 \x01(\x0b\x32\x1f.grpo.rollout.v1.SamplingParams\"\xba\x01\n\nCompletion\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x10\n\x08logprobs\x18\x05 \x03(\x02\x12\x34\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x1d.grpo.rollout.v1.FinishReason\x12\x16\n\x0epolicy_version\x18\x07 \x01(\x04\"D\n\x10GenerateResponse\x12\x30\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x1b.grpo.rollout.v1.Completion\"\x9d\x01\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12-\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x1d.grpo.rollout.v1.WeightFormat\x12\x1b\n\x13\x61\x64\x61pter_config_json\x18\x03 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"v\n\x15UpdateWeightsResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\x02 \x01(\x04\x12\x16\n\x0etensors_loaded\x18\x03 \x01(\r\x12\x15\n\rapply_seconds\x18\x04 \x01(\x01\"b\n\x12LoadWeightsRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12-\n\x06\x66ormat\x18\x03 \x01(\x0e\x32\x1d.grpo.rollout.v1.WeightFormat\"\\\n\x13LoadWeightsResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x16\n\x0etensors_loaded\x18\x02 \x01(\r\x12\x15\n\rapply_seconds\x18\x03 \x01(\x01\"\x1d\n\x0cSleepRequest\x12\r\n\x05level\x18\x01 \x01(\r\"[\n\x0bMemoryUsage\x12\x11\n\trss_bytes\x18\x01 \x01(\x04\x12\x1c\n\x14\x63uda_allocated_bytes\x18\x02 \x01(\x04\x12\x1b\n\x13\x63uda_reserved_bytes\x18\x03 \x01(\x04\"\x87\x01\n\rSleepResponse\x12\r\n\x05level\x18\x01 \x01(\r\x12\x33\n\rmemory_before\x18\x02 \x01(\x0b\x32\x1c.grpo.rollout.v1.MemoryUsage\x12\x32\n\x0cmemory_after\x18\x03 \x01(\x0b\x32\x1c.grpo.rollout.v1.MemoryUsage\"\x1d\n\rWakeUpRequest\x12\x0c\n\x04tags\x18\x01 \x03(\t\"k\n\x0eWakeUpResponse\x12\x15\n\rweights_valid\x18\x01 \x01(\x08\x12,\n\x06memory\x18\x02 \x01(\x0b\x32\x1c.grpo.rollout.v1.MemoryUsage\x12\x14\n\x0cwake_seconds\x18\x03 \x01(\x01\"\x12\n\x10GetStatusRequest\"\x98\x02\n\x11GetStatusResponse\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x04\x12\x13\n\x0bsleep_level\x18\x05 \x01(\r\x12\x15\n\rsleeping_tags\x18\x06 \x03(\t\x12\x15\n\rweights_valid\x18\x07 \x01(\x08\x12,\n\x06memory\x18\x08 \x01(\x0b\x32\x1c.grpo.rollout.v1.MemoryUsage\x12\x15\n\rmax_model_len\x18\t \x01(\r\x12\x34\n\rweight_format\x18\n \x01(\x0e\x32\x1d.grpo.rollout.v1.WeightFormat*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03*k\n\x0cWeightFormat\x12\x1d\n\x19WEIGHT_FORMAT_UNSPECIFIED\x10\x00\x12\x1e\n\x1aWEIGHT_FORMAT_LORA_ADAPTER\x10\x01\x12\x1c\n\x18WEIGHT_FORMAT_STATE_DICT\x10\x02\x32\x93\x04\n\x0eRolloutService\x12O\n\x08Generate\x12 .grpo.rollout.v1.GenerateRequest\x1a!.grpo.rollout.v1.GenerateResponse\x12]\n\rUpdateWeights\x12\x1c.grpo.rollout.v1.WeightChunk\x1a&.grpo.rollout.v1.UpdateWeightsResponse\"\x04\x88\xb5\x18\x01(\x01\x12^\n\x0bLoadWeights\x12#.grpo.rollout.v1.LoadWeightsRequest\x1a$.grpo.rollout.v1.LoadWeightsResponse\"\x04\x88\xb5\x18\x01\x12L\n\x05Sleep\x12\x1d.grpo.rollout.v1.SleepRequest\x1a\x1e.grpo.rollout.v1.SleepResponse\"\x04\x88\xb5\x18\x01\x12O\n\x06WakeUp\x12\x1e.grpo.rollout.v1.WakeUpRequest\x1a\x1f.grpo.rollout.v1.WakeUpResponse\"\x04\x88\xb5\x18\x01\x12R\n\tGetStatus\x12!.grpo.rollout.v1.GetStatusRequest\x1a\".grpo.rollout.v1.GetStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dgrpo/rollout/v1/rollout.proto\x12\x0fgrpo.rollout.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1bgrpo/common/v1/common.proto\"\x8f\x01\n\x06Prompt\x12\n\n\x02id\x18\x01 \x01(\t\x12-\n\x08messages\x18\x02 \x03(\x0b\x32\x1b.grpo.common.v1.ChatMessage\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12)\n\x07\x65pisode\x18\x05 \x01(\x0b\x32\x18.grpo.rollout.v1.Episode\"\xd8\x01\n\x07\x45pisode\x12\x13\n\x0b\x65nvironment\x18\x01 \x01(\t\x12\'\n\x06params\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12)\n\x08metadata\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x16\n\tmax_turns\x18\x04 \x01(\rH\x00\x88\x01\x01\x12\x1b\n\x0emax_tool_calls\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x0e\n\x06target\x18\x06 \x01(\tB\x0c\n\n_max_turnsB\x11\n\x0f_max_tool_calls\"\xc6\x02\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x05\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x08 \x01(\x02H\x06\x88\x01\x01\x12\x17\n\nmin_tokens\x18\t \x01(\rH\x07\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\r\n\x0b_max_tokensB\x07\n\x05_seedB\x15\n\x13_repetition_penaltyB\r\n\x0b_min_tokens\"y\n\x0fGenerateRequest\x12(\n\x07prompts\x18\x01 \x03(\x0b\x32\x17.grpo.rollout.v1.Prompt\x12\t\n\x01n\x18\x02 \x01(\r\x12\x31\n\x08sampling\x18\x03 \x01(\x0b\x32\x1f.grpo.rollout.v1.SamplingParams\"N\n\x04Turn\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0b\n\x03\x65nd\x18\x02 \x01(\r\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\x12\x12\n\ntool_calls\x18\x04 \x01(\r\"\xdf\x02\n\nCompletion\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x10\n\x08logprobs\x18\x05 \x03(\x02\x12\x34\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x1d.grpo.rollout.v1.FinishReason\x12\x16\n\x0epolicy_version\x18\x07 \x01(\x04\x12\x11\n\ttool_mask\x18\x08 \x03(\x05\x12$\n\x05turns\x18\t \x03(\x0b\x32\x15.grpo.rollout.v1.Turn\x12\x17\n\x0ftool_call_count\x18\n \x01(\r\x12\x1a\n\x12tool_failure_count\x18\x0b \x01(\r\x12\x17\n\nenv_reward\x18\x0c \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05\x65rror\x18\r \x01(\tB\r\n\x0b_env_reward\"D\n\x10GenerateResponse\x12\x30\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x1b.grpo.rollout.v1.Completion\"\x9d\x01\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12-\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x1d.grpo.rollout.v1.WeightFormat\x12\x1b\n\x13\x61\x64\x61pter_config_json\x18\x03 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"v\n\x15UpdateWeightsResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\x02 \x01(\x04\x12\x16\n\x0etensors_loaded\x18\x03 \x01(\r\x12\x15\n\rapply_seconds\x18\x04 \x01(\x01\"b\n\x12LoadWeightsRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12-\n\x06\x66ormat\x18\x03 \x01(\x0e\x32\x1d.grpo.rollout.v1.WeightFormat\"\\\n\x13LoadWeightsResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x16\n\x0etensors_loaded\x18\x02 \x01(\r\x12\x15\n\rapply_seconds\x18\x03 \x01(\x01\"\x1d\n\x0cSleepRequest\x12\r\n\x05level\x18\x01 \x01(\r\"[\n\x0bMemoryUsage\x12\x11\n\trss_bytes\x18\x01 \x01(\x04\x12\x1c\n\x14\x63uda_allocated_bytes\x18\x02 \x01(\x04\x12\x1b\n\x13\x63uda_reserved_bytes\x18\x03 \x01(\x04\"\x87\x01\n\rSleepResponse\x12\r\n\x05level\x18\x01 \x01(\r\x12\x33\n\rmemory_before\x18\x02 \x01(\x0b\x32\x1c.grpo.rollout.v1.MemoryUsage\x12\x32\n\x0cmemory_after\x18\x03 \x01(\x0b\x32\x1c.grpo.rollout.v1.MemoryUsage\"\x1d\n\rWakeUpRequest\x12\x0c\n\x04tags\x18\x01 \x03(\t\"k\n\x0eWakeUpResponse\x12\x15\n\rweights_valid\x18\x01 \x01(\x08\x12,\n\x06memory\x18\x02 \x01(\x0b\x32\x1c.grpo.rollout.v1.MemoryUsage\x12\x14\n\x0cwake_seconds\x18\x03 \x01(\x01\"\x12\n\x10GetStatusRequest\"\x98\x02\n\x11GetStatusResponse\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x04\x12\x13\n\x0bsleep_level\x18\x05 \x01(\r\x12\x15\n\rsleeping_tags\x18\x06 \x03(\t\x12\x15\n\rweights_valid\x18\x07 \x01(\x08\x12,\n\x06memory\x18\x08 \x01(\x0b\x32\x1c.grpo.rollout.v1.MemoryUsage\x12\x15\n\rmax_model_len\x18\t \x01(\r\x12\x34\n\rweight_format\x18\n \x01(\x0e\x32\x1d.grpo.rollout.v1.WeightFormat*\xaf\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x1c\n\x18\x46INISH_REASON_TURN_LIMIT\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05*k\n\x0cWeightFormat\x12\x1d\n\x19WEIGHT_FORMAT_UNSPECIFIED\x10\x00\x12\x1e\n\x1aWEIGHT_FORMAT_LORA_ADAPTER\x10\x01\x12\x1c\n\x18WEIGHT_FORMAT_STATE_DICT\x10\x02\x32\x93\x04\n\x0eRolloutService\x12O\n\x08Generate\x12 .grpo.rollout.v1.GenerateRequest\x1a!.grpo.rollout.v1.GenerateResponse\x12]\n\rUpdateWeights\x12\x1c.grpo.rollout.v1.WeightChunk\x1a&.grpo.rollout.v1.UpdateWeightsResponse\"\x04\x88\xb5\x18\x01(\x01\x12^\n\x0bLoadWeights\x12#.grpo.rollout.v1.LoadWeightsRequest\x1a$.grpo.rollout.v1.LoadWeightsResponse\"\x04\x88\xb5\x18\x01\x12L\n\x05Sleep\x12\x1d.grpo.rollout.v1.SleepRequest\x1a\x1e.grpo.rollout.v1.SleepResponse\"\x04\x88\xb5\x18\x01\x12O\n\x06WakeUp\x12\x1e.grpo.rollout.v1.WakeUpRequest\x1a\x1f.grpo.rollout.v1.WakeUpResponse\"\x04\x88\xb5\x18\x01\x12R\n\tGetStatus\x12!.grpo.rollout.v1.GetStatusRequest\x1a\".grpo.rollout.v1.GetStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,42 +41,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROLLOUTSERVICE'].methods_by_name['Sleep']._serialized_options = b'\210\265\030\001'
   _globals['_ROLLOUTSERVICE'].methods_by_name['WakeUp']._loaded_options = None
   _globals['_ROLLOUTSERVICE'].methods_by_name['WakeUp']._serialized_options = b'\210\265\030\001'
-  _globals['_FINISHREASON']._serialized_start=2071
-  _globals['_FINISHREASON']._serialized_end=2191
-  _globals['_WEIGHTFORMAT']._serialized_start=2193
-  _globals['_WEIGHTFORMAT']._serialized_end=2300
-  _globals['_PROMPT']._serialized_start=79
-  _globals['_PROMPT']._serialized_end=179
-  _globals['_SAMPLINGPARAMS']._serialized_start=182
-  _globals['_SAMPLINGPARAMS']._serialized_end=508
-  _globals['_GENERATEREQUEST']._serialized_start=510
-  _globals['_GENERATEREQUEST']._serialized_end=631
-  _globals['_COMPLETION']._serialized_start=634
-  _globals['_COMPLETION']._serialized_end=820
-  _globals['_GENERATERESPONSE']._serialized_start=822
-  _globals['_GENERATERESPONSE']._serialized_end=890
-  _globals['_WEIGHTCHUNK']._serialized_start=893
-  _globals['_WEIGHTCHUNK']._serialized_end=1050
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1052
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1170
-  _globals['_LOADWEIGHTSREQUEST']._serialized_start=1172
-  _globals['_LOADWEIGHTSREQUEST']._serialized_end=1270
-  _globals['_LOADWEIGHTSRESPONSE']._serialized_start=1272
-  _globals['_LOADWEIGHTSRESPONSE']._serialized_end=1364
-  _globals['_SLEEPREQUEST']._serialized_start=1366
-  _globals['_SLEEPREQUEST']._serialized_end=1395
-  _globals['_MEMORYUSAGE']._serialized_start=1397
-  _globals['_MEMORYUSAGE']._serialized_end=1488
-  _globals['_SLEEPRESPONSE']._serialized_start=1491
-  _globals['_SLEEPRESPONSE']._serialized_end=1626
-  _globals['_WAKEUPREQUEST']._serialized_start=1628
-  _globals['_WAKEUPREQUEST']._serialized_end=1657
-  _globals['_WAKEUPRESPONSE']._serialized_start=1659
-  _globals['_WAKEUPRESPONSE']._serialized_end=1766
-  _globals['_GETSTATUSREQUEST']._serialized_start=1768
-  _globals['_GETSTATUSREQUEST']._serialized_end=1786
-  _globals['_GETSTATUSRESPONSE']._serialized_start=1789
-  _globals['_GETSTATUSRESPONSE']._serialized_end=2069
-  _globals['_ROLLOUTSERVICE']._serialized_start=2303
-  _globals['_ROLLOUTSERVICE']._serialized_end=2834
+  _globals['_FINISHREASON']._serialized_start=2610
+  _globals['_FINISHREASON']._serialized_end=2785
+  _globals['_WEIGHTFORMAT']._serialized_start=2787
+  _globals['_WEIGHTFORMAT']._serialized_end=2894
+  _globals['_PROMPT']._serialized_start=110
+  _globals['_PROMPT']._serialized_end=253
+  _globals['_EPISODE']._serialized_start=256
+  _globals['_EPISODE']._serialized_end=472
+  _globals['_SAMPLINGPARAMS']._serialized_start=475
+  _globals['_SAMPLINGPARAMS']._serialized_end=801
+  _globals['_GENERATEREQUEST']._serialized_start=803
+  _globals['_GENERATEREQUEST']._serialized_end=924
+  _globals['_TURN']._serialized_start=926
+  _globals['_TURN']._serialized_end=1004
+  _globals['_COMPLETION']._serialized_start=1007
+  _globals['_COMPLETION']._serialized_end=1358
+  _globals['_GENERATERESPONSE']._serialized_start=1360
+  _globals['_GENERATERESPONSE']._serialized_end=1428
+  _globals['_WEIGHTCHUNK']._serialized_start=1431
+  _globals['_WEIGHTCHUNK']._serialized_end=1588
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1590
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1708
+  _globals['_LOADWEIGHTSREQUEST']._serialized_start=1710
+  _globals['_LOADWEIGHTSREQUEST']._serialized_end=1808
+  _globals['_LOADWEIGHTSRESPONSE']._serialized_start=1810
+  _globals['_LOADWEIGHTSRESPONSE']._serialized_end=1902
+  _globals['_SLEEPREQUEST']._serialized_start=1904
+  _globals['_SLEEPREQUEST']._serialized_end=1933
+  _globals['_MEMORYUSAGE']._serialized_start=1935
+  _globals['_MEMORYUSAGE']._serialized_end=2026
+  _globals['_SLEEPRESPONSE']._serialized_start=2029
+  _globals['_SLEEPRESPONSE']._serialized_end=2164
+  _globals['_WAKEUPREQUEST']._serialized_start=2166
+  _globals['_WAKEUPREQUEST']._serialized_end=2195
+  _globals['_WAKEUPRESPONSE']._serialized_start=2197
+  _globals['_WAKEUPRESPONSE']._serialized_end=2304
+  _globals['_GETSTATUSREQUEST']._serialized_start=2306
+  _globals['_GETSTATUSREQUEST']._serialized_end=2324
+  _globals['_GETSTATUSRESPONSE']._serialized_start=2327
+  _globals['_GETSTATUSRESPONSE']._serialized_end=2607
+  _globals['_ROLLOUTSERVICE']._serialized_start=2897
+  _globals['_ROLLOUTSERVICE']._serialized_end=3428
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from google.protobuf import struct_pb2 as _struct_pb2
 from grpo.common.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -14,6 +15,8 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_STOP: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_ABORT: _ClassVar[FinishReason]
+    FINISH_REASON_TURN_LIMIT: _ClassVar[FinishReason]
+    FINISH_REASON_ERROR: _ClassVar[FinishReason]
 
 class WeightFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -24,21 +27,41 @@ FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORT: FinishReason
+FINISH_REASON_TURN_LIMIT: FinishReason
+FINISH_REASON_ERROR: FinishReason
 WEIGHT_FORMAT_UNSPECIFIED: WeightFormat
 WEIGHT_FORMAT_LORA_ADAPTER: WeightFormat
 WEIGHT_FORMAT_STATE_DICT: WeightFormat
 
 class Prompt(_message.Message):
-    __slots__ = ("id", "messages", "text", "token_ids")
+    __slots__ = ("id", "messages", "text", "token_ids", "episode")
     ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_FIELD_NUMBER: _ClassVar[int]
     id: str
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    episode: Episode
+    def __init__(self, id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., episode: _Optional[_Union[Episode, _Mapping]] = ...) -> None: ...
+
+class Episode(_message.Message):
+    __slots__ = ("environment", "params", "metadata", "max_turns", "max_tool_calls", "target")
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    environment: str
+    params: _struct_pb2.Struct
+    metadata: _struct_pb2.Struct
+    max_turns: int
+    max_tool_calls: int
+    target: str
+    def __init__(self, environment: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., target: _Optional[str] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "seed", "repetition_penalty", "min_tokens")
@@ -72,8 +95,20 @@ class GenerateRequest(_message.Message):
     sampling: SamplingParams
     def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., n: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
 
+class Turn(_message.Message):
+    __slots__ = ("start", "end", "policy_version", "tool_calls")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    policy_version: int
+    tool_calls: int
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., policy_version: _Optional[int] = ..., tool_calls: _Optional[int] = ...) -> None: ...
+
 class Completion(_message.Message):
-    __slots__ = ("prompt_id", "prompt_token_ids", "token_ids", "text", "logprobs", "finish_reason", "policy_version")
+    __slots__ = ("prompt_id", "prompt_token_ids", "token_ids", "text", "logprobs", "finish_reason", "policy_version", "tool_mask", "turns", "tool_call_count", "tool_failure_count", "env_reward", "error")
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +116,12 @@ class Completion(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOOL_MASK_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FAILURE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ENV_REWARD_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     prompt_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -88,7 +129,13 @@ class Completion(_message.Message):
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     finish_reason: FinishReason
     policy_version: int
-    def __init__(self, prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., policy_version: _Optional[int] = ...) -> None: ...
+    tool_mask: _containers.RepeatedScalarFieldContainer[int]
+    turns: _containers.RepeatedCompositeFieldContainer[Turn]
+    tool_call_count: int
+    tool_failure_count: int
+    env_reward: float
+    error: str
+    def __init__(self, prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., policy_version: _Optional[int] = ..., tool_mask: _Optional[_Iterable[int]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., tool_call_count: _Optional[int] = ..., tool_failure_count: _Optional[int] = ..., env_reward: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("completions",)
