@@ -25,7 +25,7 @@ from grpo_runtime.client import ChannelConfig, create_sync_channel
 from grpo_runtime.errors import retry_delay_s
 from grpo_runtime.prompt_groups import prompt_runs
 from reward_service.api import convert
-from reward_service.types import Message, RewardRequest, Sample, SampleResult
+from reward_service.core.types import Message, RewardRequest, Sample, SampleResult
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from google.protobuf import json_format, struct_pb2
 from grpo.reward.v1 import reward_pb2
 
 from grpo_runtime.errors import InvalidArgument
-from reward_service.types import (
+from reward_service.core.types import (
     ComponentResult,
     Message,
     RewardDescription,

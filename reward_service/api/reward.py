@@ -9,7 +9,7 @@ from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 
 from reward_service.api import convert
 from reward_service.core.scorer import Scorer
-from reward_service.types import RewardRequest, Sample
+from reward_service.core.types import RewardRequest, Sample
 
 
 class RewardServicer(reward_pb2_grpc.RewardServiceServicer):

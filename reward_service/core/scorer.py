@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from reward_service.core.types import ComponentResult, RewardDescription, RewardRequest, Sample, SampleResult
 from reward_service.rewards.base import Reward
 from reward_service.rewards.params import resolve_params
-from reward_service.types import ComponentResult, RewardDescription, RewardRequest, Sample, SampleResult
 
 MODEL_PREFIXES = ("prm:", "orm:")
 

@@ -17,11 +17,11 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from grpo_runtime.errors import InvalidArgument
+from reward_service.core.types import ComponentResult, Message, ParamInfo, RewardDescription, Sample
 from reward_service.models.loading import LoadedModel
 from reward_service.models.planning import plan_batches
 from reward_service.models.prefix import share_prefixes
 from reward_service.models.sequences import Encoded, Prefix
-from reward_service.types import ComponentResult, Message, ParamInfo, RewardDescription, Sample
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
+from reward_service.core.types import ComponentResult, RewardDescription, Sample
 from reward_service.models.engine import Encoded, RewardModelEngine, chat_messages
-from reward_service.types import ComponentResult, RewardDescription, Sample
 
 
 class OutcomeRewardModel(RewardModelEngine):

@@ -29,9 +29,9 @@ from typing import Any
 import torch
 
 from grpo_runtime.errors import InvalidArgument
+from reward_service.core.types import ComponentResult, ParamInfo, RewardDescription, Sample
 from reward_service.models.engine import Encoded, RewardModelEngine, SampleError, chat_messages
 from reward_service.models.spec import QWEN_PRM_SYSTEM_PROMPT, PrmFormat
-from reward_service.types import ComponentResult, ParamInfo, RewardDescription, Sample
 
 AGGREGATES = {
     "min": min,

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from grpo_runtime.errors import InvalidArgument, NotFound
+from reward_service.core.types import ComponentResult, Message, RewardDescription, Sample
 from reward_service.models.batcher import DynamicBatcher
 from reward_service.models.engine import Encoded, RewardModelEngine, SampleError
 from reward_service.models.loading import LoadedModel, load_model
@@ -28,7 +29,6 @@ from reward_service.models.prefix import share_prefixes
 from reward_service.models.prm import ProcessRewardModel
 from reward_service.models.settings import ModelSettings
 from reward_service.models.spec import MODEL_NAME_RE, ModelInfo, ModelKind, ModelSpec
-from reward_service.types import ComponentResult, Message, RewardDescription, Sample
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from reward_service.core.types import ComponentResult, ParamInfo, RewardDescription, Sample
 from reward_service.mathverify.pool import MathVerifyPool
 from reward_service.rewards.base import Deadline, ThreadRunner, gold_answer, missing_metadata
-from reward_service.types import ComponentResult, ParamInfo, RewardDescription, Sample
 
 ANSWER_KEY = ParamInfo(
     "answer_key", "string", "answer", "Metadata key of the gold answer (TRL datasets: 'solution')."

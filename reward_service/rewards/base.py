@@ -10,7 +10,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from reward_service.types import ComponentResult, RewardDescription, Sample
+from reward_service.core.types import ComponentResult, RewardDescription, Sample
 
 
 class Reward(Protocol):

@@ -7,9 +7,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from reward_service.core.types import ComponentResult, ParamInfo, RewardDescription, Sample
 from reward_service.rewards.base import missing_metadata
 from reward_service.sandbox.runner import RunResult, SandboxRunner
-from reward_service.types import ComponentResult, ParamInfo, RewardDescription, Sample
 
 # open-r1 `extract_code` takes the last ```python block; ```py is accepted too.
 _PYTHON_BLOCK = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.DOTALL)

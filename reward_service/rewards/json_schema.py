@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import jsonschema
 from jsonschema.exceptions import SchemaError
 
+from reward_service.core.types import ComponentResult, ParamInfo, RewardDescription, Sample
 from reward_service.rewards.base import missing_metadata
-from reward_service.types import ComponentResult, ParamInfo, RewardDescription, Sample
 
 if TYPE_CHECKING:  # the pool's worker imports this module: a runtime import would be circular
     from reward_service.mathverify.pool import MathVerifyPool

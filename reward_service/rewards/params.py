@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_runtime.errors import InvalidArgument
-from reward_service.types import ParamInfo
+from reward_service.core.types import ParamInfo
 
 
 def _type_ok(kind: str, value: Any) -> bool:

@@ -7,8 +7,8 @@ from typing import Any
 
 import regex
 
+from reward_service.core.types import ComponentResult, ParamInfo, RewardDescription, Sample
 from reward_service.rewards.base import Deadline, TextReward, ThreadRunner
-from reward_service.types import ComponentResult, ParamInfo, RewardDescription, Sample
 
 # open-r1 `format_reward`: think block then answer block, nothing else.
 # These run on the `regex` engine (same syntax and results as `re` for them) because it takes a timeout and

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from reward_service.client import RewardClient, trl_samples
-from reward_service.types import ComponentResult, RewardRequest
+from reward_service.core.types import ComponentResult, RewardRequest
 from trainer_service.config.run_config import RewardTerm
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from reward_service.client import RewardClient, RewardServiceError, trl_samples
-from reward_service.types import Sample
+from reward_service.core.types import Sample
 
 RIGHT, WRONG = r"The answer is \boxed{\frac{1}{2}}", r"The answer is \boxed{3}"
 

@@ -10,6 +10,7 @@ import pytest
 import pytest_asyncio
 from trl.rewards import accuracy_reward, get_cosine_scaled_reward
 
+from reward_service.core.types import Sample
 from reward_service.mathverify.pool import MathVerifyPool
 from reward_service.mathverify.settings import MathVerifySettings
 from reward_service.rewards.accuracy import (
@@ -21,7 +22,6 @@ from reward_service.rewards.accuracy import (
 )
 from reward_service.rewards.base import ThreadRunner
 from reward_service.rewards.params import resolve_params
-from reward_service.types import Sample
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from reward_service.client import json_safe, to_reward_request, trl_samples
-from reward_service.types import RewardRequest
+from reward_service.core.types import RewardRequest
 
 
 def test_trl_batch_to_samples():

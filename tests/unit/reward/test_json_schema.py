@@ -8,11 +8,11 @@ import time
 import pytest
 import pytest_asyncio
 
+from reward_service.core.types import Sample
 from reward_service.mathverify.pool import MathVerifyPool
 from reward_service.mathverify.settings import MathVerifySettings
 from reward_service.rewards.json_schema import JsonSchemaReward, extract_json, partial_credit
 from reward_service.rewards.params import resolve_params
-from reward_service.types import Sample
 
 SCHEMA = {
     "type": "object",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from grpo_runtime.errors import InvalidArgument
+from reward_service.core.types import ParamInfo
 from reward_service.rewards.params import resolve_params
-from reward_service.types import ParamInfo
 
 DECLARED = (
     ParamInfo("n", "integer", 3, "", minimum=1),

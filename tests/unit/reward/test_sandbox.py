@@ -11,12 +11,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from reward_service.core.types import Sample
 from reward_service.rewards.code import CodeReward, extract_program, same_output
 from reward_service.rewards.params import resolve_params
 from reward_service.sandbox.fair import FairSlots
 from reward_service.sandbox.runner import SandboxRunner, excerpt, open_runner
 from reward_service.sandbox.settings import SandboxSettings
-from reward_service.types import Sample
 
 SETTINGS = SandboxSettings(wall_timeout_s=2.0, cpu_time_s=2, memory_mb=256, concurrency=4)
 

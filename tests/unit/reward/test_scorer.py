@@ -10,6 +10,7 @@ import pytest_asyncio
 
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from reward_service.core.scorer import ScoreLimits, Scorer, combine
+from reward_service.core.types import ComponentResult, Message, RewardRequest, Sample
 from reward_service.mathverify.pool import MathVerifyPool
 from reward_service.mathverify.settings import MathVerifySettings
 from reward_service.models.registry import ModelRegistry
@@ -17,7 +18,6 @@ from reward_service.models.settings import ModelSettings
 from reward_service.rewards.registry import builtin_rewards
 from reward_service.sandbox.runner import SandboxRunner
 from reward_service.sandbox.settings import SandboxSettings
-from reward_service.types import ComponentResult, Message, RewardRequest, Sample
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

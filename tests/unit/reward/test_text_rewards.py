@@ -8,6 +8,7 @@ import re
 import pytest
 from trl.rewards import get_repetition_penalty_reward, get_soft_overlong_punishment, think_format_reward
 
+from reward_service.core.types import ComponentResult, Sample
 from reward_service.rewards.accuracy import SoftOverlong
 from reward_service.rewards.base import ThreadRunner
 from reward_service.rewards.params import resolve_params
@@ -18,7 +19,6 @@ from reward_service.rewards.text import (
     tag_count_value,
     text_rewards,
 )
-from reward_service.types import ComponentResult, Sample
 
 TEXTS = [
     "<think>\nreason\n</think>\n<answer>\n42\n</answer>",

@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo_runtime.errors import Unavailable
+from reward_service.core.types import Message, Sample
 from reward_service.models.batcher import DynamicBatcher, padded_cost, plan_batches, split_by_cost
 from reward_service.models.engine import Encoded, Prefix
 from reward_service.models.registry import ModelRegistry
 from reward_service.models.settings import ModelSettings
 from reward_service.models.spec import ModelKind, ModelSpec
-from reward_service.types import Message, Sample
 
 
 class SumForward:

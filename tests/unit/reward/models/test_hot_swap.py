@@ -8,10 +8,10 @@ import threading
 import pytest
 
 from grpo_runtime.errors import InvalidArgument, NotFound
+from reward_service.core.types import Message, Sample
 from reward_service.models.registry import ModelRegistry
 from reward_service.models.settings import ModelSettings
 from reward_service.models.spec import ModelKind, ModelSpec
-from reward_service.types import Message, Sample
 from tiny_models.make import make_model
 
 SAMPLES = [

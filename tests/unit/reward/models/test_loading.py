@@ -9,10 +9,10 @@ import torch
 from pydantic import ValidationError
 
 from grpo_runtime.errors import InvalidArgument
+from reward_service.core.types import Sample
 from reward_service.models.registry import ModelRegistry
 from reward_service.models.settings import ModelSettings, PreloadModel
 from reward_service.models.spec import ModelKind, ModelSpec, PrmFormat
-from reward_service.types import Sample
 
 
 @pytest.fixture

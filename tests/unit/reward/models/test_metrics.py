@@ -6,11 +6,11 @@ import asyncio
 
 from prometheus_client import CollectorRegistry
 
+from reward_service.core.types import Sample
 from reward_service.models.metrics import ModelMetrics
 from reward_service.models.registry import ModelRegistry
 from reward_service.models.settings import ModelSettings
 from reward_service.models.spec import ModelKind, ModelSpec
-from reward_service.types import Sample
 
 
 async def test_metrics_follow_the_loaded_models(tiny_models):

@@ -7,10 +7,10 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from trl.data_utils import apply_chat_template
 
+from reward_service.core.types import Message, Sample
 from reward_service.models.registry import ModelRegistry
 from reward_service.models.settings import ModelSettings
 from reward_service.models.spec import ModelKind, ModelSpec
-from reward_service.types import Message, Sample
 
 PROMPTS = [
     [{"role": "user", "content": "What is 12 + 7?"}],

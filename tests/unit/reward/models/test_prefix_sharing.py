@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification, Gemma2Config, Gemma2ForCausalLM
 
+from reward_service.core.types import Message, Sample
 from reward_service.models.engine import Encoded
 from reward_service.models.prefix import common_prefix_length, share_prefixes
 from reward_service.models.registry import ModelRegistry
 from reward_service.models.settings import ModelSettings
 from reward_service.models.spec import ModelKind, ModelSpec
-from reward_service.types import Message, Sample
 from tiny_models.tokenizer import build_tokenizer
 
 PROMPTS = [

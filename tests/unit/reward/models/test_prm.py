@@ -9,10 +9,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
 from grpo_runtime.errors import InvalidArgument
+from reward_service.core.types import Message, Sample
 from reward_service.models.registry import ModelRegistry
 from reward_service.models.settings import ModelSettings
 from reward_service.models.spec import ModelKind, ModelSpec, PrmFormat
-from reward_service.types import Message, Sample
 
 QWEN_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 QUESTION = "Compute 3 * 4 - 5."
