@@ -1,0 +1,148 @@
+"""Async client of ``grpo.env.v1.EnvironmentService`` (any server that implements the contract).
+
+    async with EnvironmentClient("127.0.0.1:50051") as env:
+        episode = await env.open_episode("calculator", metadata={"answer": "42"})
+        outcome = await env.step(episode.episode_id, [ToolCall("calculator", '{"expression": "6*7"}')])
+        reward = await env.get_reward(episode.episode_id)
+        await env.close_episode(episode.episode_id)
+
+Tool failures (bad arguments, unknown tool, a tool that raised or timed out) are data: they come back as
+``ToolResult(error=True)``. Only a failed RPC raises :class:`EnvironmentServiceError`, with the status code.
+UNAVAILABLE is retried by the channel's retry policy (``grpo_runtime.client``); Step is not retried beyond it,
+because tool calls may have effects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import grpc
+from google.protobuf import json_format, struct_pb2
+from grpo.env.v1 import env_pb2, env_pb2_grpc
+
+from grpo_runtime.client import ChannelConfig, create_channel
+from grpo_runtime.env_types import (
+    EnvironmentInfo,
+    Episode,
+    EpisodeReward,
+    StepOutcome,
+    ToolCall,
+    ToolDefinition,
+    ToolResult,
+)
+
+__all__ = [
+    "EnvironmentClient",
+    "EnvironmentInfo",
+    "EnvironmentServiceError",
+    "Episode",
+    "EpisodeReward",
+    "StepOutcome",
+    "ToolCall",
+    "ToolDefinition",
+    "ToolResult",
+]
+
+
+class EnvironmentServiceError(RuntimeError):
+    """An EnvironmentService call failed; ``code`` is the gRPC status code, ``details`` the server's text."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"environment service: {code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+def _struct(value: Mapping[str, Any] | None) -> struct_pb2.Struct:
+    out = struct_pb2.Struct()
+    if value:
+        out.update(dict(value))
+    return out
+
+
+def _tool(message: env_pb2.ToolDefinition) -> ToolDefinition:
+    return ToolDefinition(
+        name=message.name,
+        description=message.description,
+        parameters=json_format.MessageToDict(message.parameters),
+    )
+
+
+class EnvironmentClient:
+    """One channel to an environment server; ``timeout_s`` is the deadline of each call (None: none)."""
+
+    def __init__(self, target: ChannelConfig | str, *, timeout_s: float | None = 120.0) -> None:
+        self._channel = create_channel(target)
+        self._stub = env_pb2_grpc.EnvironmentServiceStub(self._channel)
+        self._timeout_s = timeout_s
+
+    async def __aenter__(self) -> EnvironmentClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return await method(request, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as error:
+            raise EnvironmentServiceError(error.code(), error.details() or "") from error
+
+    async def list_environments(self) -> list[EnvironmentInfo]:
+        response = await self._call(self._stub.ListEnvironments, env_pb2.ListEnvironmentsRequest())
+        return [
+            EnvironmentInfo(
+                name=e.name, description=e.description, kind=e.kind, available=e.available, status=e.status
+            )
+            for e in response.environments
+        ]
+
+    async def open_episode(
+        self,
+        environment: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Episode:
+        """Opens an episode of ``environment``; ``metadata`` (JSON values) is the sample's dataset columns."""
+        request = env_pb2.OpenEpisodeRequest(
+            environment=environment, params=_struct(params), metadata=_struct(metadata)
+        )
+        response = await self._call(self._stub.OpenEpisode, request)
+        return Episode(
+            episode_id=response.episode_id,
+            tools=tuple(_tool(t) for t in response.tools),
+            prompt_suffix=response.prompt_suffix,
+        )
+
+    async def step(self, episode_id: str, calls: Sequence[ToolCall]) -> StepOutcome:
+        """Runs one turn's tool calls in order; one result per call, in call order."""
+        request = env_pb2.StepRequest(
+            episode_id=episode_id,
+            calls=[env_pb2.ToolCall(id=c.id, name=c.name, arguments_json=c.arguments_json) for c in calls],
+        )
+        response = await self._call(self._stub.Step, request)
+        return StepOutcome(
+            results=tuple(
+                ToolResult(
+                    call_id=r.call_id, name=r.name, content=r.content, error=r.error, truncated=r.truncated
+                )
+                for r in response.results
+            ),
+            done=response.done,
+        )
+
+    async def get_reward(self, episode_id: str) -> EpisodeReward:
+        response = await self._call(self._stub.GetReward, env_pb2.GetRewardRequest(episode_id=episode_id))
+        return EpisodeReward(
+            value=response.reward if response.HasField("reward") else None, error=response.error
+        )
+
+    async def close_episode(self, episode_id: str) -> bool:
+        """Closes an episode; False when it was already closed or expired (closing is idempotent)."""
+        request = env_pb2.CloseEpisodeRequest(episode_id=episode_id)
+        return (await self._call(self._stub.CloseEpisode, request)).closed
