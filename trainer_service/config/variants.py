@@ -39,7 +39,9 @@ folds a per-token sampler ratio into its weight). "standard" is an alias of "dap
 `loss_type`.
 For the extra variants (two_sided, rft, gpg) TRL's own loss never runs, so `loss_type` only picks TRL's
 construction-time warnings and `delta` carries two_sided's δ with its own meaning (see `losses.two_sided`).
-Note for cispo: TRL clamps the ratio at `epsilon_high`, which defaults to `epsilon` (0.2); ScaleRL uses 5.0.
+cispo needs `epsilon_high` > 1 (TRL clamps its weight there; unset it would be `epsilon`, 0.2, which only
+scales the gradient down); ScaleRL uses 5.0. gspo takes its paper's clip range (`PAPER_CLIP_RANGES`) when
+the run config sets no ε.
 """
 
 from __future__ import annotations
@@ -153,6 +155,11 @@ ALIASES: dict[str, str] = {"standard": "dapo"}
 VARIANTS: dict[str, str] = {name: spec.description for name, spec in VARIANT_SPECS.items()}
 
 # Parameters a variant takes from `variant_params`; each is a GRPOConfig field of the same name.
+# Clip range (ε_low, ε_high) a variant's paper uses, taken when the config sets neither `grpo_epsilon` nor
+# `grpo_epsilon_high`: GSPO's sequence ratio stays within ~1e-3 of 1, so TRL's token-level 0.2 never clips it
+# (GSPO paper, §5.1; TRL paper_index.md recipe).
+PAPER_CLIP_RANGES: dict[str, tuple[float, float]] = {"gspo": (3e-4, 4e-4)}
+
 VARIANT_PARAM_KEYS: dict[str, tuple[str, ...]] = {
     "sapo": ("sapo_temperature_pos", "sapo_temperature_neg"),
     "vespo": ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"),
@@ -195,10 +202,10 @@ def validate_variant_params(
 ) -> str:
     """Check the variant's parameters; return the canonical variant name.
 
-    Rules (errors are `VariantConfigError` naming the key): two_sided needs grpo_delta ∈ (0, 1]; the clipped
-    TRL variants (grpo, dr_grpo, dapo, bnpo, luspo, gspo) accept grpo_delta only as INTELLECT-2's ratio cap,
-    > 1 + epsilon_high; the others reject it. `params` may only hold the keys in
-    `VARIANT_PARAM_KEYS[variant]`, each a finite number > 0 (vespo's k may be 0).
+    Rules (errors are `VariantConfigError` naming the key): cispo needs epsilon_high > 1; two_sided needs
+    grpo_delta ∈ (0, 1]; the clipped TRL variants (grpo, dr_grpo, dapo, bnpo, luspo, gspo) accept grpo_delta
+    only as INTELLECT-2's ratio cap, > 1 + epsilon_high; the others reject it. `params` may only hold the
+    keys in `VARIANT_PARAM_KEYS[variant]`, each a finite number > 0 (vespo's k may be 0).
     """
     name = normalize_variant(variant)
     spec = VARIANT_SPECS[name]
@@ -225,6 +232,15 @@ def validate_variant_params(
             )
     elif spec.delta_role == "half_width":
         raise VariantConfigError("two_sided needs grpo_delta in (0, 1]", key="grpo_delta")
+    if name == "cispo" and eps_high <= 1.0:
+        # CISPO's weight is sg(min(r, ε_max)): on-policy r = 1, so ε_max <= 1 clamps every token's weight to
+        # ε_max, which only scales the whole gradient down (ScaleRL: ε_max = 5.0).
+        raise VariantConfigError(
+            f"is {eps_high}{' (unset: grpo_epsilon)' if epsilon_high is None else ''}, but cispo clips its "
+            "importance weight at this value, and a cap <= 1 only scales the gradient down (the on-policy "
+            "weight is 1); set it > 1, e.g. 5.0 as ScaleRL",
+            key="grpo_epsilon_high",
+        )
     allowed = VARIANT_PARAM_KEYS.get(name, ())
     for key, value in (params or {}).items():
         if key not in allowed:

@@ -45,6 +45,7 @@ class LossParams:
     importance_sampling_level: "token" or "sequence" (GSPO).
     sapo_temperature_pos/neg: SAPO gate temperatures τ for A > 0 / A ≤ 0.
     vespo_k_pos/lambda_pos/k_neg/lambda_neg: VESPO gamma-weight shape for A ≥ 0 / A < 0.
+    gpg_alpha: GPG's rescaling factor α of the generation batch (:func:`gpg_rescaling_factor`).
     """
 
     epsilon_low: float = 0.2
@@ -57,6 +58,7 @@ class LossParams:
     vespo_lambda_pos: float = 3.0
     vespo_k_neg: float = 3.0
     vespo_lambda_neg: float = 2.0
+    gpg_alpha: float = 1.0
 
 
 class PolicyLoss(NamedTuple):
@@ -262,6 +264,22 @@ def rft(
     return PolicyLoss(-per_token_logps * positive, ratio, aggregation_mask=mask * positive)
 
 
+def gpg_rescaling_factor(advantages: torch.Tensor, num_generations: int) -> float:
+    """GPG's gradient-rescaling factor over one generation batch (Chu et al. 2025, arXiv:2504.02546):
+
+        α = B / (B − M)
+
+    B = groups in the generation batch (``advantages`` (B·G,), prompt-major, all processes), M = groups whose
+    rewards have no spread (every advantage of the group is 0, so they give no gradient). α undoes the
+    dilution of the batch mean by those groups; a batch of only such groups gets α = 1 (its loss is 0
+    anyway). A completion with A = 0 inside a group with spread does not count.
+    """
+    groups = advantages.reshape(-1, num_generations)
+    total = groups.size(0)
+    flat = int((groups == 0).all(dim=1).sum())
+    return total / (total - flat) if flat < total else 1.0
+
+
 def gpg(
     per_token_logps: torch.Tensor,
     old_per_token_logps: torch.Tensor,
@@ -270,18 +288,16 @@ def gpg(
     params: LossParams,
 ) -> PolicyLoss:
     """GPG (Group Policy Gradient, Chu et al. 2025, arXiv:2504.02546): plain policy gradient with the group
-    baseline, no ratio, no clip, no KL surrogate, plus the paper's gradient-rescaling factor α.
+    baseline, no ratio, no clip, no KL surrogate, times the paper's gradient-rescaling factor α.
 
-        ℓ = −α · A · ℓ_θ,   α = B / max(#{i : A_i ≠ 0}, 1)
+        ℓ = −α · A · ℓ_θ,   α = ``params.gpg_alpha`` = B / (B − M) over the generation batch
 
-    aggregated as a global token mean. Groups whose rewards are all equal have A = 0 and contribute nothing; α
-    rescales so they do not dilute the gradient of the informative ones (computed on this micro-batch).
+    aggregated as a global token mean. α is counted over whole groups of the generation batch
+    (:func:`gpg_rescaling_factor`), not over a micro-batch, so every micro-batch of a batch gets the same α.
     """
     advantages = as_column(advantages)
-    informative = (advantages.reshape(advantages.size(0), -1) != 0).any(dim=1).sum()
-    alpha = advantages.size(0) / informative.clamp(min=1).to(per_token_logps.dtype)
     ratio = torch.exp(per_token_logps - old_per_token_logps)
-    return PolicyLoss(-alpha * advantages * per_token_logps, ratio)
+    return PolicyLoss(-params.gpg_alpha * advantages * per_token_logps, ratio)
 
 
 def k3_kl(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor) -> torch.Tensor:

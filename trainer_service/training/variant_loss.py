@@ -12,6 +12,7 @@ key, and a `GRPOConfig` that disagrees with the variant is rejected at construct
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -176,6 +177,12 @@ class VariantLossMixin:
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         output = super()._generate_and_score_completions(inputs)
+        if self.grpo_variant == "gpg":
+            # α over the whole generation batch (every process), carried as a 0-d tensor that TRL's
+            # shuffle/split hand unchanged to every micro-batch.
+            group_size = self.num_generations if self.model.training else self.num_generations_eval
+            alpha = losses.gpg_rescaling_factor(self.accelerator.gather(output["advantages"]), group_size)
+            output["gpg_alpha"] = torch.tensor(alpha, device=output["advantages"].device)
         # TRL corrects for the sampler only on its own vLLM path; a rollout_func sampler (the rollout service)
         # gets the same correction here, from the log-probs it returned.
         if self.rollout_func is not None and not self.use_vllm and self.vllm_importance_sampling_correction:
@@ -340,6 +347,9 @@ class VariantLossMixin:
             self._require(inputs, "importance_sampling_ratio", "vllm_importance_sampling_correction is on")
 
         params = loss_params_from_args(self.args, self.epsilon_low, self.epsilon_high)
+        if variant == "gpg":
+            alpha = self._require(inputs, "gpg_alpha", "GPG's rescaling factor over the generation batch")
+            params = dataclasses.replace(params, gpg_alpha=float(alpha))
         policy = losses.policy_loss(
             variant,
             per_token_logps,

@@ -138,10 +138,19 @@ def test_rft_without_positive_completions_gives_zero_loss_and_gradient(batch):
 
 
 def test_gpg_is_rescaled_policy_gradient(batch):
-    loss = variant_loss("gpg", batch["logps"], batch["old"], batch["adv"], batch["mask"], LossParams())
-    alpha = B / 5  # one completion (index 2) has A = 0
-    expected = -(alpha * batch["adv"][:, None] * batch["logps"] * batch["mask"]).sum() / batch["mask"].sum()
+    params = LossParams(gpg_alpha=1.5)
+    loss = variant_loss("gpg", batch["logps"], batch["old"], batch["adv"], batch["mask"], params)
+    expected = -(1.5 * batch["adv"][:, None] * batch["logps"] * batch["mask"]).sum() / batch["mask"].sum()
     torch.testing.assert_close(loss, expected)
+
+
+def test_gpg_rescaling_factor_counts_groups_without_spread():
+    # 4 groups of G = 3: group 1 has no spread (all A = 0), group 2 has one A = 0 completion but spread.
+    advantages = torch.tensor([0.5, -0.5, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, -1.0, 0.2, 0.3, -0.5])
+    assert losses.gpg_rescaling_factor(advantages, 3) == pytest.approx(4 / 3)  # B / (B − M) = 4 / (4 − 1)
+    # Per completion it would have been 12 / 8: the old, wrong count.
+    assert losses.gpg_rescaling_factor(torch.zeros(6), 3) == 1.0  # nothing to learn: no rescaling
+    assert losses.gpg_rescaling_factor(torch.tensor([1.0, -1.0, 2.0, -2.0]), 2) == 1.0
 
 
 def test_aggregations_match_their_formulas(batch):

@@ -114,6 +114,7 @@ def fabricate_inputs(model, *, seed: int = 0, drift: float = 0.4) -> dict[str, A
         "sampling_per_token_logps": noisy(),
         "importance_sampling_ratio": 0.6 + torch.rand(B, T, generator=g) * 0.8,
         "tool_mask": tool_mask,
+        "gpg_alpha": torch.tensor(4 / 3),  # GPG's α of the generation batch this micro-batch came from
     }
 
 
@@ -260,7 +261,7 @@ def extra_formula(variant: str, logps, inputs, delta: float, num_tokens: float) 
         positive = (a > 0).float() * m
         return -(logps * positive).sum() / positive.sum()
     if variant == "gpg":
-        alpha = B / int((inputs["advantages"] != 0).sum())
+        alpha = float(inputs["gpg_alpha"])
         return -(alpha * a * logps * m).sum() / num_tokens
     raise AssertionError(variant)
 
@@ -301,7 +302,11 @@ def test_selected_variant_changes_the_gradient_of_the_default_trainer(build, var
     gradient differs from stock GRPOTrainer with the default loss_type on the same batch."""
     assert GRPOConfig(output_dir="unused", use_cpu=True, bf16=False).loss_type == "dapo"
     stock = build(GRPOTrainer)
-    config = grpo_config_overrides(variant, grpo_delta=0.1 if variant == "two_sided" else None)
+    config = grpo_config_overrides(
+        variant,
+        grpo_delta=0.1 if variant == "two_sided" else None,
+        epsilon_high=5.0 if variant == "cispo" else None,
+    )
     ours_cls = make_variant_trainer(variant)
     ours = build(ours_cls, **config)
     inputs = {k: v for k, v in fabricate_inputs(stock.model).items() if k != "importance_sampling_ratio"}
@@ -394,7 +399,11 @@ def test_config_overrides_per_variant():
     assert (two_sided["loss_type"], two_sided["delta"]) == ("dapo", 0.2)
     assert grpo_config_overrides("vespo", params={"vespo_k_pos": 1.5})["vespo_k_pos"] == 1.5
     for name in VARIANTS:
-        config = grpo_config_overrides(name, grpo_delta=0.3 if name == "two_sided" else None)
+        config = grpo_config_overrides(
+            name,
+            grpo_delta=0.3 if name == "two_sided" else None,
+            epsilon_high=5.0 if name == "cispo" else None,
+        )
         GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, **config)  # TRL accepts every combination
 
 
@@ -406,6 +415,8 @@ def test_config_overrides_per_variant():
         ("two_sided", {"grpo_delta": float("nan")}, "grpo_delta"),
         ("grpo", {"grpo_delta": 1.1}, "grpo_delta"),
         ("cispo", {"grpo_delta": 5.0}, "grpo_delta"),
+        ("cispo", {}, "grpo_epsilon_high"),  # unset = ε = 0.2: would only scale the gradient down
+        ("cispo", {"epsilon_high": 1.0}, "grpo_epsilon_high"),
         ("rft", {"grpo_delta": 0.2}, "grpo_delta"),
         ("grpo", {"epsilon": -0.1}, "grpo_epsilon"),
         ("dapo", {"epsilon_high": 0.0}, "grpo_epsilon_high"),
