@@ -10,6 +10,14 @@ from reward_service.rewards.json_schema import JsonSchemaReward
 from reward_service.rewards.text import text_rewards
 from reward_service.sandbox.runner import SandboxRunner
 
+try:
+    # reasoning-gym comes with the `reward` extra; the slim image scores without its tasks.
+    from reward_service.rewards.reasoning_gym import reasoning_gym_rewards
+except ModuleNotFoundError as missing:
+    if not (missing.name or "").startswith("reasoning_gym"):
+        raise
+    reasoning_gym_rewards = None
+
 
 def builtin_rewards(
     pool: MathVerifyPool,
@@ -19,7 +27,8 @@ def builtin_rewards(
     runner: ThreadRunner | None = None,
 ) -> dict[str, Reward]:
     """Name → reward for every built-in, in DESIGN.md's order; ``code`` is described as unavailable when
-    the sandbox is refused. ``runner`` runs the text rewards (default limits when None)."""
+    the sandbox is refused; then ``reasoning_gym:<task>`` for every offered task (when reasoning-gym is
+    installed). ``runner`` runs the text and reasoning-gym rewards (default limits when None)."""
     runner = runner or ThreadRunner()
     text = {r.description.name: r for r in text_rewards(runner)}
     rewards: list[Reward] = [
@@ -34,4 +43,6 @@ def builtin_rewards(
         CodeReward(sandbox, sandbox_available, sandbox_status),
         JsonSchemaReward(pool),
     ]
+    if reasoning_gym_rewards is not None:
+        rewards += reasoning_gym_rewards(runner)
     return {r.description.name: r for r in rewards}
