@@ -17,6 +17,7 @@ class ModelKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODEL_KIND_UNSPECIFIED: _ClassVar[ModelKind]
     MODEL_KIND_PRM: _ClassVar[ModelKind]
     MODEL_KIND_ORM: _ClassVar[ModelKind]
+    MODEL_KIND_JUDGE: _ClassVar[ModelKind]
 
 class PrmFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -26,6 +27,7 @@ class PrmFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 MODEL_KIND_UNSPECIFIED: ModelKind
 MODEL_KIND_PRM: ModelKind
 MODEL_KIND_ORM: ModelKind
+MODEL_KIND_JUDGE: ModelKind
 PRM_FORMAT_UNSPECIFIED: PrmFormat
 PRM_FORMAT_TOKEN_CLASSIFICATION: PrmFormat
 PRM_FORMAT_STEP_TAG: PrmFormat
@@ -137,7 +139,7 @@ class RewardParam(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., default_value: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., description: _Optional[str] = ...) -> None: ...
 
 class LoadModelRequest(_message.Message):
-    __slots__ = ("name", "path", "kind", "prm_format", "device", "dtype", "trust_remote_code", "step_token", "positive_token", "negative_token")
+    __slots__ = ("name", "path", "kind", "prm_format", "device", "dtype", "trust_remote_code", "step_token", "positive_token", "negative_token", "judge_template", "judge_group_template")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +150,8 @@ class LoadModelRequest(_message.Message):
     STEP_TOKEN_FIELD_NUMBER: _ClassVar[int]
     POSITIVE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     NEGATIVE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    JUDGE_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    JUDGE_GROUP_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     name: str
     path: str
     kind: ModelKind
@@ -158,7 +162,9 @@ class LoadModelRequest(_message.Message):
     step_token: str
     positive_token: str
     negative_token: str
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., kind: _Optional[_Union[ModelKind, str]] = ..., prm_format: _Optional[_Union[PrmFormat, str]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., trust_remote_code: _Optional[bool] = ..., step_token: _Optional[str] = ..., positive_token: _Optional[str] = ..., negative_token: _Optional[str] = ...) -> None: ...
+    judge_template: str
+    judge_group_template: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., kind: _Optional[_Union[ModelKind, str]] = ..., prm_format: _Optional[_Union[PrmFormat, str]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., trust_remote_code: _Optional[bool] = ..., step_token: _Optional[str] = ..., positive_token: _Optional[str] = ..., negative_token: _Optional[str] = ..., judge_template: _Optional[str] = ..., judge_group_template: _Optional[str] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
     __slots__ = ("name", "path", "kind", "prm_format", "version", "device", "dtype", "loaded_at")

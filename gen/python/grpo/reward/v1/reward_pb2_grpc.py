@@ -216,7 +216,7 @@ class RewardService:
 
 
 class RewardAdminServiceStub:
-    """Loads, swaps and unloads process/outcome reward models. Admin RPCs.
+    """Loads, swaps and unloads process/outcome reward models and judges. Admin RPCs.
     """
 
     def __init__(self, channel):
@@ -243,7 +243,7 @@ class RewardAdminServiceStub:
 
 
 class RewardAdminServiceServicer:
-    """Loads, swaps and unloads process/outcome reward models. Admin RPCs.
+    """Loads, swaps and unloads process/outcome reward models and judges. Admin RPCs.
     """
 
     def LoadModel(self, request, context):
@@ -296,7 +296,7 @@ def add_RewardAdminServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class RewardAdminService:
-    """Loads, swaps and unloads process/outcome reward models. Admin RPCs.
+    """Loads, swaps and unloads process/outcome reward models and judges. Admin RPCs.
     """
 
     @staticmethod
