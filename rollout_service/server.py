@@ -17,6 +17,7 @@ from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
 from grpo_runtime.cli import run_service
 from grpo_runtime.config import ServerConfig
+from grpo_runtime.env_client import EnvironmentClient
 from grpo_runtime.server import GrpcServer, ServiceBinding
 from rollout_service.api.servicer import RolloutServicer
 from rollout_service.core.rollout import RolloutCore
@@ -65,9 +66,19 @@ async def build_core(settings: RolloutSettings) -> RolloutCore:
         max_weight_bytes=settings.max_weight_bytes,
         batch_window_s=settings.batch_window_ms / 1000,
         max_batch_rows=settings.max_batch_size,
+        environments=environment_clients(settings),
+        episode_settings=settings.episodes,
     )
     await core.start()
     return core
+
+
+def environment_clients(settings: RolloutSettings) -> dict[str, EnvironmentClient]:
+    """One client per configured environment target; the episode loop bounds each call itself."""
+    return {
+        name: EnvironmentClient(address, timeout_s=None)
+        for name, address in settings.episodes.targets.items()
+    }
 
 
 def binding(core: RolloutCore) -> ServiceBinding:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterable
 
+from google.protobuf import json_format
 from grpo.rollout.v1 import rollout_pb2
 
 from grpo_runtime.errors import InvalidArgument
 from rollout_service.core.payload import PayloadReceiver
 from rollout_service.core.types import (
     CompletionResult,
+    EpisodeSpec,
     GenerateRequest,
     MemoryUsage,
     PromptInput,
@@ -39,6 +41,17 @@ def sampling_spec(msg: rollout_pb2.SamplingParams) -> SamplingSpec:
     )
 
 
+def episode_spec(msg: rollout_pb2.Episode) -> EpisodeSpec:
+    return EpisodeSpec(
+        environment=msg.environment,
+        params=json_format.MessageToDict(msg.params),
+        metadata=json_format.MessageToDict(msg.metadata),
+        max_turns=msg.max_turns if msg.HasField("max_turns") else None,
+        max_tool_calls=msg.max_tool_calls if msg.HasField("max_tool_calls") else None,
+        target=msg.target,
+    )
+
+
 def generate_request(msg: rollout_pb2.GenerateRequest) -> GenerateRequest:
     prompts = tuple(
         PromptInput(
@@ -46,6 +59,7 @@ def generate_request(msg: rollout_pb2.GenerateRequest) -> GenerateRequest:
             messages=tuple((m.role, m.content) for m in p.messages),
             text=p.text,
             token_ids=tuple(p.token_ids),
+            episode=episode_spec(p.episode) if p.HasField("episode") else None,
         )
         for p in msg.prompts
     )
@@ -61,6 +75,17 @@ def completion(result: CompletionResult) -> rollout_pb2.Completion:
         logprobs=result.logprobs,
         finish_reason=int(result.finish_reason),
         policy_version=result.policy_version,
+        tool_mask=result.tool_mask,
+        turns=[
+            rollout_pb2.Turn(
+                start=t.start, end=t.end, policy_version=t.policy_version, tool_calls=t.tool_calls
+            )
+            for t in result.turns
+        ],
+        tool_call_count=result.tool_call_count,
+        tool_failure_count=result.tool_failure_count,
+        env_reward=result.env_reward,
+        error=result.error,
     )
 
 

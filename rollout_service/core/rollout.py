@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
 from grpo_runtime.errors import FailedPrecondition, ResourceExhausted
 from rollout_service.core import memory
+from rollout_service.core.episodes import EnvironmentBackend, EpisodeRunner
 from rollout_service.core.scheduler import BatchScheduler
+from rollout_service.core.settings import EpisodeSettings
 from rollout_service.core.sleep import SleepState
 from rollout_service.core.types import (
     CompletionResult,
@@ -38,6 +41,8 @@ class RolloutCore:
     """``max_concurrent_generates``: Generate calls admitted at once (queued or running); one
     more is RESOURCE_EXHAUSTED. ``weights_root`` / ``max_weight_bytes``: where LoadWeights may
     read and the largest payload either weight RPC takes (None: ``catalog.max_payload_bytes``).
+    ``environments``: the environment services episodes may use, by target name (``episode_settings``
+    holds their limits and timeouts).
     """
 
     def __init__(
@@ -54,6 +59,8 @@ class RolloutCore:
         max_weight_bytes: int | None = None,
         batch_window_s: float = 0.005,
         max_batch_rows: int = 256,
+        environments: Mapping[str, EnvironmentBackend] | None = None,
+        episode_settings: EpisodeSettings | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -75,12 +82,20 @@ class RolloutCore:
         self.sleep_state = SleepState()
         self._lock = ReadWriteLock()
         self._scheduler = BatchScheduler(self._run_batch, window_s=batch_window_s, max_rows=max_batch_rows)
+        self.episodes = EpisodeRunner(
+            self._generate_turn,
+            tokenizer,
+            self.validator,
+            environments or {},
+            episode_settings or EpisodeSettings(),
+        )
 
     async def start(self) -> None:
         self._scheduler.start()
 
     async def close(self) -> None:
         await self._scheduler.close()
+        await self.episodes.close()
         await asyncio.to_thread(self.engine.close)
 
     # --------------------------------------------------------------- generate
@@ -98,12 +113,22 @@ class RolloutCore:
             )
         self.generates_in_flight += 1
         try:
+            if any(p.episode is not None for p in request.prompts):
+                sampling = await asyncio.to_thread(self.episodes.check, request)
+                self.sleep_state.check_generate()
+                return await self.episodes.run(request, sampling)
             job = await asyncio.to_thread(self.validator.to_job, request)
             self.sleep_state.check_generate()
             await self._scheduler.submit(job)
             return await asyncio.to_thread(self._completions, request, job)
         finally:
             self.generates_in_flight -= 1
+
+    async def _generate_turn(self, job: GenerationJob) -> None:
+        """One turn of an episode: a one-row job through the same batches as every Generate call."""
+        self.sleep_state.check_generate()
+        await self._scheduler.submit(job)
+        check_completions(job.results, self.vocab_size, job.n)
 
     def _completions(self, request: GenerateRequest, job: GenerationJob) -> list[CompletionResult]:
         """The engine's raw results checked and turned into CompletionResults."""

@@ -21,6 +21,22 @@ class VllmSettings(BaseModel):
     enable_sleep_mode: bool = True  # CUDA only; vLLM refuses sleep mode on CPU
 
 
+class EpisodeSettings(BaseModel):
+    """Multi-turn tool episodes: the environment services this rollout service may dial, limits, timeouts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Environment service name → address. A request names a target, never an address (a caller must not
+    # make the service dial arbitrary hosts); "default" serves requests that name none.
+    targets: dict[str, str] = Field(default_factory=dict)
+    max_turns: int = Field(8, ge=1)  # default and ceiling of Episode.max_turns
+    max_tool_calls: int = Field(16, ge=0)  # default and ceiling of Episode.max_tool_calls
+    max_calls_per_turn: int = Field(8, ge=1)  # more calls in one turn: the rest get error results
+    open_timeout_s: float = Field(30.0, gt=0)  # OpenEpisode, GetReward and CloseEpisode deadline
+    step_timeout_s: float = Field(60.0, gt=0)  # one Step (all calls of a turn)
+    max_result_chars: int = Field(8192, ge=1)  # a tool result is cut to this before tokenizing
+
+
 class RolloutSettings(BaseModel):
     """Engine and batching settings of the rollout service."""
 
@@ -50,6 +66,7 @@ class RolloutSettings(BaseModel):
     seed: int = 0
     work_dir: str | None = None  # adapters and weight snapshots for vLLM; default: a temp dir
     vllm: VllmSettings = Field(default_factory=VllmSettings)
+    episodes: EpisodeSettings = Field(default_factory=EpisodeSettings)
 
     def resolved_device(self) -> str:
         if self.device != "auto":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class FinishReason(enum.IntEnum):
@@ -14,6 +15,8 @@ class FinishReason(enum.IntEnum):
     STOP = 1  # EOS token or a stop string
     LENGTH = 2  # max_tokens reached
     ABORT = 3  # stopped by the service
+    TURN_LIMIT = 4  # episode: max_turns or max_tool_calls reached while the model still called tools
+    ERROR = 5  # episode: the environment failed; CompletionResult.error says why
 
 
 class WeightFormat(enum.IntEnum):
@@ -44,6 +47,22 @@ class SamplingSpec:
 
 
 @dataclass(frozen=True)
+class EpisodeSpec:
+    """A prompt's request for a multi-turn tool episode (validated by the episode runner).
+
+    ``max_turns`` / ``max_tool_calls`` None: the server's defaults; ``target``: a configured
+    environment service name ("" = "default"), never an address.
+    """
+
+    environment: str
+    params: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    max_turns: int | None = None
+    max_tool_calls: int | None = None
+    target: str = ""
+
+
+@dataclass(frozen=True)
 class PromptInput:
     """One prompt in any of its three forms (exactly one must be set; checked by validation)."""
 
@@ -51,6 +70,7 @@ class PromptInput:
     messages: tuple[tuple[str, str], ...] = ()  # (role, content) pairs
     text: str = ""
     token_ids: tuple[int, ...] = ()
+    episode: EpisodeSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +97,23 @@ class CompletionResult:
     logprobs: list[float]
     finish_reason: FinishReason
     policy_version: int
+    # Episodes only (empty / zero / None otherwise): see the Completion message of rollout.proto.
+    tool_mask: list[int] = field(default_factory=list)
+    turns: list[TurnSpan] = field(default_factory=list)
+    tool_call_count: int = 0
+    tool_failure_count: int = 0
+    env_reward: float | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class TurnSpan:
+    """One model turn of an episode: ``token_ids[start:end]`` sampled at ``policy_version``."""
+
+    start: int
+    end: int
+    policy_version: int
+    tool_calls: int = 0
 
 
 @dataclass

@@ -174,8 +174,9 @@ class RequestValidator:
                 field=field,
             )
 
-    def tokenize(self, prompt: PromptInput, index: int) -> list[int]:
-        """Token ids of one prompt: chat template (+ generation prompt), plain text, or ids as is."""
+    def tokenize(self, prompt: PromptInput, index: int, *, tools: list[dict] | None = None) -> list[int]:
+        """Token ids of one prompt: chat template (+ generation prompt, and ``tools`` as JSON-schema function
+        definitions for the template to render), plain text, or ids as is."""
         field = f"prompts[{index}]"
         forms = [
             name
@@ -203,7 +204,7 @@ class RequestValidator:
             messages = [{"role": role, "content": content} for role, content in prompt.messages]
             try:
                 ids = self.tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                    messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
                 )
             except jinja2.TemplateError as exc:  # the template's raise_exception: roles out of order, ...
                 raise InvalidArgument(
