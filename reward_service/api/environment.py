@@ -1,0 +1,41 @@
+"""EnvironmentService servicer: protobuf in, one call into the episode registry, protobuf out."""
+
+from __future__ import annotations
+
+import grpc
+from grpo.env.v1 import env_pb2, env_pb2_grpc
+
+from reward_service.api import env_convert
+from reward_service.environments.episodes import EpisodeRegistry
+
+
+class EnvironmentServicer(env_pb2_grpc.EnvironmentServiceServicer):
+    def __init__(self, episodes: EpisodeRegistry):
+        self._episodes = episodes
+
+    async def ListEnvironments(
+        self, request: env_pb2.ListEnvironmentsRequest, context: grpc.aio.ServicerContext
+    ) -> env_pb2.ListEnvironmentsResponse:
+        return env_convert.list_response(self._episodes.list())
+
+    async def OpenEpisode(
+        self, request: env_pb2.OpenEpisodeRequest, context: grpc.aio.ServicerContext
+    ) -> env_pb2.OpenEpisodeResponse:
+        environment, params, metadata = env_convert.open_request(request)
+        return env_convert.open_response(await self._episodes.open(environment, params, metadata))
+
+    async def Step(
+        self, request: env_pb2.StepRequest, context: grpc.aio.ServicerContext
+    ) -> env_pb2.StepResponse:
+        calls = env_convert.tool_calls(request)
+        return env_convert.step_response(await self._episodes.step(request.episode_id, calls))
+
+    async def GetReward(
+        self, request: env_pb2.GetRewardRequest, context: grpc.aio.ServicerContext
+    ) -> env_pb2.GetRewardResponse:
+        return env_convert.reward_response(await self._episodes.reward(request.episode_id))
+
+    async def CloseEpisode(
+        self, request: env_pb2.CloseEpisodeRequest, context: grpc.aio.ServicerContext
+    ) -> env_pb2.CloseEpisodeResponse:
+        return env_pb2.CloseEpisodeResponse(closed=await self._episodes.close(request.episode_id))
