@@ -11,10 +11,11 @@ Usage::
         ...  # server.port, server.address; health says SERVING for "" and each service
     # or, in a process entry point: await server.serve_forever()  (returns after SIGTERM/SIGINT)
 
-Lifecycle: ``start`` binds the port, starts the metrics endpoint and the server, then marks ``""``
+Lifecycle: ``start`` binds the port, starts the metrics endpoint and the server, then the bindings'
+companions (other listeners of the same service, e.g. an HTTP API, on the same host), then marks ``""``
 and every service SERVING. ``stop`` marks everything NOT_SERVING at once (open health ``Watch``
-streams see it and end), waits ``shutdown_delay_s``, refuses new RPCs and gives in-flight ones
-``grace_period_s`` to finish (then cancels them), and finally runs ``on_shutdown``.
+streams see it and end), waits ``shutdown_delay_s``, refuses new RPCs (and companion requests) and gives
+in-flight ones ``grace_period_s`` to finish (then cancels them), and finally runs ``on_shutdown``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
@@ -50,16 +51,29 @@ class BindError(RuntimeError):
     """The server could not listen on its host:port."""
 
 
+class Companion(Protocol):
+    """A second listener of a service that lives and dies with the gRPC server (an HTTP API beside it).
+
+    ``start`` gets the server's config (bind to ``config.host``; TLS files are there too) and raises
+    :class:`BindError` when it cannot listen; ``stop`` refuses new requests and gives in-flight ones the
+    config's ``grace_period_s``."""
+
+    async def start(self, config: ServerConfig) -> None: ...
+    async def stop(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class ServiceBinding:
     """One service to serve: the servicer, the generated ``add_XServicer_to_server`` function, and the
     service descriptor (its full name is used for health and reflection, its method options for auth).
-    ``collectors`` are Prometheus collectors of the service's own metrics, exported beside the RPC metrics."""
+    ``collectors`` are Prometheus collectors of the service's own metrics, exported beside the RPC metrics;
+    ``companions`` other listeners served with it (see :class:`Companion`)."""
 
     servicer: Any
     add_to_server: Callable[[Any, grpc.aio.Server], None]
     descriptor: ServiceDescriptor
     collectors: tuple[Collector, ...] = ()
+    companions: tuple[Companion, ...] = ()
 
     @property
     def name(self) -> str:
@@ -189,6 +203,12 @@ class GrpcServer:
         except BaseException:
             self.metrics.stop_http()
             raise
+        try:
+            await self._start_companions()
+        except BaseException:
+            await server.stop(0)
+            self.metrics.stop_http()
+            raise
         self._server, self._port = server, port
         self._stop_requested = asyncio.Event()
         for name in [OVERALL, *self.service_names]:
@@ -203,6 +223,21 @@ class GrpcServer:
                 "admin_auth": token is not None,
             },
         )
+
+    @property
+    def companions(self) -> tuple[Companion, ...]:
+        return tuple(c for b in self.bindings for c in b.companions)
+
+    async def _start_companions(self) -> None:
+        started: list[Companion] = []
+        try:
+            for companion in self.companions:
+                await companion.start(self.config)
+                started.append(companion)
+        except BaseException:
+            for companion in reversed(started):
+                await companion.stop()
+            raise
 
     def request_stop(self) -> None:
         """Ask :meth:`serve_forever` to shut down (what SIGTERM/SIGINT do). Safe to call twice."""
@@ -227,7 +262,9 @@ class GrpcServer:
         if self.config.shutdown_delay_s > 0:
             await asyncio.sleep(self.config.shutdown_delay_s)
         try:
-            await self._server.stop(grace_s)
+            await asyncio.gather(
+                self._server.stop(grace_s), *(companion.stop() for companion in self.companions)
+            )
             if self._on_shutdown is not None:
                 result = self._on_shutdown()
                 if inspect.isawaitable(result):

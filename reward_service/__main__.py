@@ -12,7 +12,20 @@ from reward_service.server import build
 from reward_service.settings import load_settings
 
 
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="also serve OpenRLHF's POST /get_reward (and GET /health) over HTTP on this port, same host "
+        "(overrides http.port of --config; 0 = any free port)",
+    )
+
+
 async def _build(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[list[ServiceBinding], Cleanup]:
+    if args.http_port is not None:
+        http = settings.get("http")
+        settings = {**settings, "http": {**(http if isinstance(http, dict) else {}), "port": args.http_port}}
     return await build(load_settings(settings))
 
 
@@ -22,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         description="GRPO reward service: built-in rewards, code sandbox, PRM/ORM reward models.",
         default_port=50051,
         build=_build,
+        add_arguments=_add_arguments,
         argv=argv,
     )
 

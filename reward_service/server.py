@@ -12,6 +12,7 @@ from grpo_runtime.config import ConfigError
 from grpo_runtime.server import Cleanup, ServiceBinding
 from reward_service.api.reward import RewardServicer
 from reward_service.core.scorer import ScoreLimits, Scorer
+from reward_service.http.app import HttpEndpoint
 from reward_service.mathverify.pool import MathVerifyPool
 from reward_service.rewards.base import ThreadRunner
 from reward_service.rewards.registry import builtin_rewards
@@ -61,6 +62,10 @@ class RewardService:
                 servicer=RewardServicer(self.scorer, self.settings.stream_window),
                 add_to_server=reward_pb2_grpc.add_RewardServiceServicer_to_server,
                 descriptor=reward_pb2.DESCRIPTOR.services_by_name["RewardService"],
+                # OpenRLHF's HTTP protocol, scored by the same scorer (http.port / --http-port).
+                companions=(HttpEndpoint(self.scorer, self.settings.http),)
+                if self.settings.http.port is not None
+                else (),
             )
         ]
         if self.registry is not None:

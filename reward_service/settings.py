@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from grpo_runtime.config import ConfigError, format_validation_error
+from reward_service.http.settings import HttpSettings
 from reward_service.mathverify.settings import MathVerifySettings
 from reward_service.models.settings import ModelSettings
 from reward_service.sandbox.settings import SandboxSettings
@@ -62,6 +63,7 @@ class RewardSettings(BaseModel):
     mathverify: MathVerifySettings = Field(default_factory=MathVerifySettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     models: ModelSettings = Field(default_factory=ModelSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
 
 
 def load_settings(raw: dict[str, Any] | None) -> RewardSettings:

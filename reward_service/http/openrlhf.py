@@ -1,0 +1,221 @@
+"""OpenRLHF's remote reward-model protocol ↔ the reward service's domain objects (no scoring here).
+
+Request (``POST /get_reward``, what OpenRLHF's ``remote_rm_fn`` sends)::
+
+    {"query": ["<prompt><completion>", ...], "prompts": ["<prompt>", ...], "labels": ["<gold>", ...]}
+
+``query[i]`` is the decoded prompt + completion and ``prompts[i]`` its prompt, so the completion is
+``query[i]`` minus the prefix ``prompts[i]`` (an error naming ``query[i]`` when it does not start with it;
+without ``prompts`` the whole query is the completion), minus the end-of-sequence suffixes of
+``strip_suffixes``. The prompt reaches the rewards as one user message. ``labels[i]`` (optional) is the
+sample's metadata: a text or number label under ``label_key`` (``answer``, what ``accuracy`` reads), an
+object as the metadata itself (several columns), null as none.
+
+Response::
+
+    {"rewards": [float, ...], "scores": [float in [0, 1], ...], "extra_logs": {"<reward>": [float, ...]}}
+
+``rewards[i] = Σ weight·value`` (:mod:`reward_service.core.scorer`), ``missing_reward`` where no component
+has a value; ``scores[i] = clamp((rewards[i] − low) / (high − low), 0, 1)`` with [low, high] =
+``score_range`` or the rewards' declared bounds, else ``clamp(rewards[i], 0, 1)`` (OpenRLHF filters groups
+on them);
+``extra_logs`` holds each component's values (``missing_reward`` where it has none) and ``reward_missing``
+(1.0 where no component scored).
+
+Which rewards: ``?rewards=a,b&weights=2,0.5`` (comma lists, weights optional), else the ``http.rewards`` of
+the config. A named reward takes params (and its weight, when ``weights`` is absent) from its
+``http.rewards`` entry.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from grpo_runtime.errors import InvalidArgument
+from reward_service.api.convert import MAX_STRUCT_DEPTH
+from reward_service.core.types import Message, RewardDescription, RewardRequest, Sample, SampleResult
+from reward_service.http.settings import HttpSettings
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_body(body: bytes) -> Any:
+    """The JSON body; InvalidArgument for text that is not JSON (NaN and Infinity included)."""
+    try:
+        return json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting past the decoder's stack
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)[:200]
+        raise InvalidArgument(f"not valid JSON ({reason})", field="body") from None
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a JSON value (a scalar is 0), iteratively."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
+
+
+def _string_list(body: Mapping[str, Any], key: str, required: bool) -> list[str] | None:
+    value = body.get(key)
+    if value is None:
+        if required:
+            raise InvalidArgument("is required (a list of strings)", field=key)
+        return None
+    if not isinstance(value, list):
+        raise InvalidArgument(f"must be a list of strings, got {type(value).__name__}", field=key)
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise InvalidArgument(f"must be a string, got {type(item).__name__}", field=f"{key}[{i}]")
+    return value
+
+
+def _metadata(label: Any, index: int, label_key: str) -> dict[str, Any]:
+    if label is None:
+        return {}
+    if isinstance(label, bool) or not isinstance(label, str | int | float | dict):
+        raise InvalidArgument(
+            f"must be a string, number, object or null, got {type(label).__name__}", field=f"labels[{index}]"
+        )
+    if isinstance(label, dict):
+        if _depth(label) > MAX_STRUCT_DEPTH:
+            raise InvalidArgument(f"nested deeper than {MAX_STRUCT_DEPTH} levels", field=f"labels[{index}]")
+        return label
+    return {label_key: label}
+
+
+def _strip(completion: str, suffixes: Sequence[str]) -> str:
+    """``completion`` without trailing whitespace and any run of ``suffixes`` at its end."""
+    text = completion.rstrip()
+    while True:
+        for suffix in suffixes:
+            if suffix and text.endswith(suffix):
+                text = text[: -len(suffix)].rstrip()
+                break
+        else:
+            return text
+
+
+def samples_of(body: Any, settings: HttpSettings) -> list[Sample]:
+    """The request's samples, ids ``"0"``, ``"1"``, ... in order; InvalidArgument names the field."""
+    if not isinstance(body, dict):
+        raise InvalidArgument(f"must be a JSON object, got {type(body).__name__}", field="body")
+    queries = _string_list(body, "query", required=True)
+    assert queries is not None
+    prompts = _string_list(body, "prompts", required=False)
+    labels = body.get("labels")
+    if labels is not None and not isinstance(labels, list):
+        raise InvalidArgument(f"must be a list, got {type(labels).__name__}", field="labels")
+    for key, values in (("prompts", prompts), ("labels", labels)):
+        if values is not None and len(values) != len(queries):
+            raise InvalidArgument(f"has {len(values)} items for {len(queries)} queries", field=key)
+    samples = []
+    for i, query in enumerate(queries):
+        prompt = prompts[i] if prompts is not None else ""
+        if not query.startswith(prompt):
+            raise InvalidArgument(f"does not start with prompts[{i}]", field=f"query[{i}]")
+        samples.append(
+            Sample(
+                id=str(i),
+                completion=_strip(query[len(prompt) :], settings.strip_suffixes),
+                prompt=(Message(role="user", content=prompt),) if prompt else (),
+                metadata=_metadata(labels[i] if labels is not None else None, i, settings.label_key),
+            )
+        )
+    return samples
+
+
+def rewards_of(query: Mapping[str, str], settings: HttpSettings) -> list[RewardRequest]:
+    """The rewards to compute, from ``?rewards=&weights=`` or else the configuration (module docstring)."""
+    configured = {r.name: r for r in settings.rewards}
+    names_text = query.get("rewards")
+    if names_text is None:
+        if "weights" in query:
+            raise InvalidArgument("needs ?rewards= naming the rewards it weighs", field="weights")
+        if not configured:
+            raise InvalidArgument(
+                "no rewards: pass ?rewards=name,... or configure http.rewards on the server", field="rewards"
+            )
+        return [RewardRequest(name=r.name, weight=r.weight, params=dict(r.params)) for r in settings.rewards]
+    names = [name.strip() for name in names_text.split(",")]
+    for i, name in enumerate(names):
+        if not name:
+            raise InvalidArgument("empty reward name", field=f"rewards[{i}]")
+    weights: list[float | None] = [None] * len(names)
+    if "weights" in query:
+        parts = query["weights"].split(",")
+        if len(parts) != len(names):
+            raise InvalidArgument(f"has {len(parts)} weights for {len(names)} rewards", field="weights")
+        for i, part in enumerate(parts):
+            try:
+                weight = float(part)
+            except ValueError:
+                raise InvalidArgument(f"not a number: {part[:40]!r}", field=f"weights[{i}]") from None
+            if not math.isfinite(weight):
+                raise InvalidArgument(f"must be finite, got {part[:40]!r}", field=f"weights[{i}]")
+            weights[i] = weight
+    requests = []
+    for name, weight in zip(names, weights, strict=True):
+        entry = configured.get(name)
+        default_weight = entry.weight if entry is not None else 1.0
+        requests.append(
+            RewardRequest(
+                name=name,
+                weight=default_weight if weight is None else weight,
+                params=dict(entry.params) if entry is not None else {},
+            )
+        )
+    return requests
+
+
+def score_bounds(
+    rewards: Sequence[RewardRequest], descriptions: Sequence[RewardDescription]
+) -> tuple[float, float] | None:
+    """[Σ weight·min, Σ weight·max] of the rewards' declared bounds (swapped for a negative weight), or
+    None when one of them declares no bound on a side, or the range is empty."""
+    by_name = {d.name: d for d in descriptions}
+    low = high = 0.0
+    for spec in rewards:
+        described = by_name.get(spec.name)
+        if described is None or described.min_value is None or described.max_value is None:
+            return None
+        ends = sorted((spec.weight * described.min_value, spec.weight * described.max_value))
+        low, high = low + ends[0], high + ends[1]
+    return (low, high) if high > low else None
+
+
+def response_of(
+    results: Sequence[SampleResult],
+    rewards: Sequence[RewardRequest],
+    bounds: tuple[float, float] | None,
+    missing: float,
+) -> dict[str, Any]:
+    """The ``/get_reward`` response body (module docstring)."""
+
+    def finite(value: float | None) -> float:
+        return value if value is not None and math.isfinite(value) else missing
+
+    totals = [finite(r.reward) for r in results]
+    if bounds is None:
+        scores = [min(1.0, max(0.0, total)) for total in totals]
+    else:
+        low, high = bounds
+        scores = [min(1.0, max(0.0, (total - low) / (high - low))) for total in totals]
+    logs: dict[str, list[float]] = {spec.name: [] for spec in rewards}
+    for result in results:
+        for name, component in result.components:
+            logs[name].append(finite(component.value))
+    logs["reward_missing"] = [
+        0.0 if r.reward is not None and math.isfinite(r.reward) else 1.0 for r in results
+    ]
+    return {"rewards": totals, "scores": scores, "extra_logs": logs}

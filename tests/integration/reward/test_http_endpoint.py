@@ -1,0 +1,177 @@
+"""The OpenRLHF-compatible HTTP endpoint (POST /get_reward, GET /health) of a real reward server on loopback,
+called as OpenRLHF's remote_rm_fn calls it (requests.post with a JSON body)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from grpo_runtime.server import BindError, GrpcServer
+from reward_service.client import RewardClient
+from reward_service.core.types import Message, RewardRequest, Sample
+from tests.integration.reward.fixtures import SETTINGS, reward_server_thread
+
+HTTP_SETTINGS = {
+    **SETTINGS,
+    "http": {
+        "port": 0,
+        "rewards": [
+            {"name": "accuracy", "weight": 1.0},
+            {"name": "format", "weight": 0.5, "params": {"style": "r1"}},
+        ],
+        "max_body_bytes": 200_000,
+    },
+}
+
+
+def chat_prompt(question: str) -> str:
+    return f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+
+
+GOOD = "<think>\nhalf and half\n</think>\n<answer>\n\\boxed{1}\n</answer>"
+PROMPTS = [chat_prompt("What is 1/2 + 1/2?"), chat_prompt("What is 2 + 2?")]
+QUERIES = [PROMPTS[0] + GOOD + "<|im_end|>", PROMPTS[1] + "it is \\boxed{5}<|endoftext|>"]
+LABELS = ["1", "4"]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[GrpcServer]:
+    with reward_server_thread(HTTP_SETTINGS) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def url(server) -> str:
+    [endpoint] = server.companions
+    return f"http://127.0.0.1:{endpoint.port}"
+
+
+def post(url: str, body, params: dict | None = None, **kwargs) -> requests.Response:
+    return requests.post(f"{url}/get_reward", params=params, timeout=60, **kwargs, json=body)
+
+
+def test_get_reward_in_openrlhf_format_scores_like_grpc(server, url):
+    reply = post(url, {"query": QUERIES, "prompts": PROMPTS, "labels": LABELS})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["rewards"] == [1.5, 0.0]
+    # accuracy in [0, 1] + 0.5 · format in [0, 1]: the score range is [0, 1.5].
+    assert body["scores"] == [1.0, 0.0]
+    assert body["extra_logs"] == {
+        "accuracy": [1.0, 0.0],
+        "format": [1.0, 0.0],
+        "reward_missing": [0.0, 0.0],
+    }
+    # The same samples through gRPC Score give the same rewards: one scorer behind both.
+    samples = [
+        Sample(id="0", completion=GOOD, prompt=(Message("user", PROMPTS[0]),), metadata={"answer": "1"}),
+        Sample(
+            id="1",
+            completion="it is \\boxed{5}",
+            prompt=(Message("user", PROMPTS[1]),),
+            metadata={"answer": "4"},
+        ),
+    ]
+    rewards = [RewardRequest("accuracy", 1.0), RewardRequest("format", 0.5, {"style": "r1"})]
+    with RewardClient(server.address) as client:
+        results = client.score(samples, rewards)
+    assert [result.reward for result in results] == body["rewards"]
+
+
+def test_rewards_and_weights_from_the_query_string(url):
+    reply = post(
+        url,
+        {"query": QUERIES, "prompts": PROMPTS, "labels": LABELS},
+        {"rewards": "format,accuracy", "weights": "2,-1"},
+    )
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["rewards"] == [1.0, 0.0]
+    assert list(body["extra_logs"]) == ["format", "accuracy", "reward_missing"]
+    # Range [-1, 2] for 2·format − accuracy.
+    assert body["scores"] == pytest.approx([2 / 3, 1 / 3])
+
+
+def test_object_labels_are_metadata_and_unscored_samples_get_missing_reward(url):
+    reply = post(
+        url,
+        {"query": ["\\boxed{7}", "x"], "labels": [{"answer": "7"}, None]},
+        {"rewards": "accuracy"},
+    )
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    # No prompts: the whole query is the completion. The second sample has no gold: no value, missing_reward.
+    assert body["rewards"] == [1.0, 0.0]
+    assert body["extra_logs"]["reward_missing"] == [0.0, 1.0]
+
+
+def test_health(url):
+    reply = requests.get(f"{url}/health", timeout=10)
+    assert reply.status_code == 200 and reply.json()["status"] == "SERVING"
+
+
+@pytest.mark.parametrize(
+    ("body", "params", "status", "field"),
+    [
+        (
+            {"query": [PROMPTS[0] + "x", "no prompt here"], "prompts": PROMPTS, "labels": LABELS},
+            None,
+            400,
+            "query[1]",
+        ),
+        ({"query": QUERIES, "prompts": PROMPTS[:1]}, None, 400, "prompts"),
+        ({"query": QUERIES, "labels": ["1"]}, None, 400, "labels"),
+        ({"query": "not a list"}, None, 400, "query"),
+        ({"query": [1, 2]}, None, 400, "query[0]"),
+        ({"prompts": PROMPTS}, None, 400, "query"),
+        ([1, 2, 3], None, 400, "body"),
+        ({"query": ["a"], "labels": [True]}, None, 400, "labels[0]"),
+        ({"query": ["a"]}, {"rewards": "no_such_reward"}, 400, "rewards[0].name"),
+        ({"query": ["a"]}, {"rewards": "accuracy", "weights": "inf"}, 400, "weights[0]"),
+        ({"query": ["a"]}, {"rewards": "accuracy", "weights": "1,2"}, 400, "weights"),
+        ({"query": ["a"]}, {"rewards": "accuracy,"}, 400, "rewards[1]"),
+        ({"query": ["a"]}, {"weights": "1"}, 400, "weights"),
+        ({"query": ["a"] * 9}, None, 413, "query"),
+        ({"query": ["x" * 300_000]}, None, 413, "body"),
+    ],
+)
+def test_hostile_requests_get_4xx_naming_the_field(url, body, params, status, field):
+    reply = post(url, body, params)
+    assert reply.status_code == status, reply.text
+    assert reply.json()["field"] == field
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{not json",
+        b'{"query": [NaN]}',
+        b'{"query": ["a"], "labels": [Infinity]}',
+        b"[" * 100_000,
+        b"\xff\xfe",
+    ],
+)
+def test_bodies_that_are_not_json_are_400(url, raw):
+    reply = requests.post(f"{url}/get_reward", data=raw, timeout=30)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["field"] == "body"
+
+
+def test_deeply_nested_labels_are_refused(url):
+    label: dict = {}
+    node = label
+    for _ in range(40):
+        node["a"] = {}
+        node = node["a"]
+    reply = post(url, {"query": ["a"], "labels": [label]}, {"rewards": "accuracy"})
+    assert reply.status_code == 400 and reply.json()["field"] == "labels[0]"
+
+
+def test_an_http_port_in_use_fails_the_start_with_bind_error(server):
+    [endpoint] = server.companions
+    taken = {**HTTP_SETTINGS, "http": {"port": endpoint.port}}
+    with pytest.raises(BindError, match="cannot bind HTTP"):
+        with reward_server_thread(taken):
+            pass
