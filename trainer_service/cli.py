@@ -32,6 +32,8 @@ from trainer_service.local.launcher import spawn_service, start_local_services, 
 from trainer_service.local.progress import ProgressSink
 from trainer_service.rollout.cpu_placement import local_rollout_threads
 from trainer_service.training.builders import resolve_device
+from trainer_service.training.callbacks import EVAL_METRICS_FILE, read_metrics
+from trainer_service.training.evaluation import greedy_accuracy_change
 from trainer_service.training.job import run_job
 
 DEMO_CONFIG = Path("configs/demo.yaml")
@@ -118,6 +120,10 @@ def demo(argv: Sequence[str]) -> int:
     print(_summary(final.state, final.step, final.total_steps, config.output_dir))
     if final.message:
         print(final.message)
+    eval_path = config.output_dir / EVAL_METRICS_FILE
+    change = greedy_accuracy_change(read_metrics(eval_path)) if eval_path.exists() else None
+    if change is not None:
+        print(change)
     return 0 if final.state is RunState.COMPLETED else 1
 
 

@@ -191,8 +191,13 @@ class TrainingConfig(_Strict):
     cpu_threads: int | None = Field(default=None, ge=1)
     # Push weights to the rollout service after each optimizer step (turn off only to prove it matters).
     weight_sync: bool = True
-    # Evaluate on data.eval every this many optimizer steps; 0 = never.
+    # Evaluate on data.eval at step 0, every this many optimizer steps and after the last; 0 = never
+    # (trainer_service.training.evaluation: greedy accuracy, avg@n, pass@k per reward in eval_metrics.jsonl).
     eval_steps: int = Field(default=0, ge=0)
+    # Sampled completions per eval prompt (n of avg@n and pass@k), beside one greedy; None = num_generations.
+    num_generations_eval: int | None = Field(default=None, ge=1)
+    # A completion passes a reward term (greedy accuracy, pass@k) when the term's value is at least this.
+    eval_pass_threshold: float = 1.0
     # Recompute activations in backward to save memory (slower; worth it for large models only).
     gradient_checkpointing: bool = False
     warmup_ratio: float = Field(default=0.0, ge=0.0, lt=1.0)
@@ -383,6 +388,12 @@ def _check_cross_fields(config: RunConfig) -> None:
     if config.data.max_prompt_length is not None and config.data.max_prompt_length >= config.data.max_length:
         raise ConfigError(
             f"must be < data.max_length ({config.data.max_length})", key="data.max_prompt_length"
+        )
+    if t.eval_steps and config.data.eval is None:
+        raise ConfigError("needs a held-out split in data.eval to evaluate on", key="training.eval_steps")
+    if not t.eval_steps and t.num_generations_eval is not None:
+        raise ConfigError(
+            "is set but training.eval_steps is 0 (no evaluation runs)", key="training.num_generations_eval"
         )
     if t.vllm_sleep_mode and t.async_rollout:
         raise ConfigError(

@@ -173,8 +173,8 @@ def build_grpo_config(config: RunConfig, device: Device) -> GRPOConfig:
         save_strategy="steps" if t.save_steps else "no",
         save_steps=t.save_steps or 500,
         save_total_limit=t.save_total_limit,
-        eval_strategy="steps" if t.eval_steps and config.data.eval else "no",
-        eval_steps=t.eval_steps or None,
+        # Held-out evaluation is the job's own (greedy + pass@k through the services, training.evaluation).
+        eval_strategy="no",
         seed=t.seed,
         data_seed=t.seed,
         report_to=t.report_to,

@@ -46,9 +46,10 @@ class MetricsCallback(TrainerCallback):
     A line is ``{"step": global_step, "reward": ..., "loss": ..., <TRL metrics>, **extra()}``; the job's
     extras are ``policy_version`` (the version of the weights that generated the step's completions) and
     ``weight_sync/push_seconds`` (the last weight push, gather + serialize + stream + apply, in seconds).
-    Only records that carry ``reward`` are training-step records (the end-of-training summary is not);
-    evaluation records (``eval_reward``, ...) go to ``eval_metrics.jsonl``.
-    On resume, lines of steps beyond the checkpoint's step are dropped first so the file has each step once.
+    Only records that carry ``reward`` are training-step records (the end-of-training summary is not).
+    On resume, lines of steps beyond the checkpoint's step are dropped first, here and in
+    ``eval_metrics.jsonl`` (written by :mod:`~trainer_service.training.evaluation`), so each file has each
+    step once.
     Written on the main process only.
     """
 
@@ -76,10 +77,6 @@ class MetricsCallback(TrainerCallback):
 
     def on_log(self, args, state: TrainerState, control, logs: dict[str, Any] | None = None, **kwargs):
         if not state.is_world_process_zero or not logs:
-            return
-        if "eval_reward" in logs:
-            with self.eval_path.open("a") as out:
-                out.write(json.dumps({"step": state.global_step, **_numeric(logs)}, allow_nan=True) + "\n")
             return
         if "reward" not in logs:
             return
@@ -131,8 +128,11 @@ def read_metrics(path: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def plot_reward_curve(metrics_path: Path, out_path: Path) -> Path | None:
-    """Draw mean reward per logged step (and its moving average) to a PNG; None when nothing was logged."""
+def plot_reward_curve(metrics_path: Path, out_path: Path, eval_path: Path | None = None) -> Path | None:
+    """Draw mean reward per logged step (and its moving average) to a PNG; None when nothing was logged.
+
+    With evaluation rows in ``eval_path`` (``eval_metrics.jsonl``), a second panel beside it plots the
+    held-out greedy accuracy and pass@1 per evaluated step."""
     records = [r for r in read_metrics(metrics_path) if "reward" in r and math.isfinite(r["reward"])]
     if not records:
         return None
@@ -143,7 +143,22 @@ def plot_reward_curve(metrics_path: Path, out_path: Path) -> Path | None:
         sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1])
         for i in range(len(rewards))
     ]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    evaluations = read_metrics(eval_path) if eval_path is not None and Path(eval_path).exists() else []
+    evaluations = [r for r in evaluations if "accuracy_greedy" in r]
+    if evaluations:
+        fig, (ax, eval_ax) = plt.subplots(1, 2, figsize=(12, 4))
+        eval_steps = [r["step"] for r in evaluations]
+        eval_ax.plot(
+            eval_steps, [r["accuracy_greedy"] for r in evaluations], marker="o", label="greedy accuracy"
+        )
+        if all("pass@1" in r for r in evaluations):
+            eval_ax.plot(eval_steps, [r["pass@1"] for r in evaluations], marker="s", label="pass@1 (sampled)")
+        eval_ax.set_xlabel("optimizer step")
+        eval_ax.set_ylabel("held-out")
+        eval_ax.grid(alpha=0.3)
+        eval_ax.legend()
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, rewards, alpha=0.4, label="reward")
     ax.plot(steps, smooth, label=f"moving mean ({window})")
     ax.set_xlabel("optimizer step")

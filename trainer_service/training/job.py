@@ -64,6 +64,7 @@ from trainer_service.training.builders import (
     resolve_device,
 )
 from trainer_service.training.callbacks import (
+    EVAL_METRICS_FILE,
     METRICS_FILE,
     MetricsCallback,
     StopCallback,
@@ -71,6 +72,7 @@ from trainer_service.training.callbacks import (
     plot_reward_curve,
 )
 from trainer_service.training.data import REWARD_METADATA, check_prompt_lengths, read_split, to_dataset
+from trainer_service.training.evaluation import EvaluationCallback, HeldOutEvaluator
 from trainer_service.training.importance_sampling import ImportanceSamplingPlan, resolve_importance_sampling
 from trainer_service.training.rewards import BatchScorer
 from trainer_service.training.sampler_hook import WrappedSamplerTrainer
@@ -332,6 +334,20 @@ def _train(
 
     stop = StopCallback(stop_flag)
     sync_callback = WeightSyncCallback(sync)
+    evaluation = None
+    if t.eval_steps and eval_dataset is not None:
+        evaluator = HeldOutEvaluator(
+            eval_dataset,
+            replicas,
+            sync,
+            SamplingConfig.from_run(config),
+            BatchScorer(reward_client, terms),
+            tokenizer,
+            num_samples=t.num_generations_eval or t.num_generations,
+            threshold=t.eval_pass_threshold,
+            retry_timeout_s=config.services.retry_timeout_s,
+        )
+        evaluation = EvaluationCallback(evaluator, t.eval_steps, output_dir, sink)
     # Async rollout records the sampler's indices to know the next batch's prompts.
     prefetching = isinstance(rollout, AsyncServiceRollout)
     trainer_cls = make_variant_trainer(t.grpo_variant, WrappedSamplerTrainer if prefetching else GRPOTrainer)
@@ -342,7 +358,6 @@ def _train(
         args=args,
         reward_funcs=reward_funcs,
         train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
         processing_class=tokenizer,
         rollout_func=rollout,
         importance_sampling=importance_sampling_plan(config, settings.device, endpoints.rollout),
@@ -358,10 +373,13 @@ def _train(
                     **(rollout.metrics() if isinstance(rollout, AsyncServiceRollout) else {}),
                 },
             ),
+            *([evaluation] if evaluation is not None else []),
             stop,
         ],
     )
     sync_callback.trainer = trainer
+    if evaluation is not None:
+        evaluation.trainer = trainer
     if isinstance(rollout, AsyncServiceRollout):
         rollout.attach(trainer)
     # Our progress bar / events replace TRL's printed log dicts.
@@ -380,7 +398,9 @@ def _train(
         if ended is RunState.COMPLETED:
             tokenizer.save_pretrained(str(output_dir))
         if metrics_path.exists():
-            curve = plot_reward_curve(metrics_path, output_dir / REWARD_CURVE_FILE)
+            curve = plot_reward_curve(
+                metrics_path, output_dir / REWARD_CURVE_FILE, output_dir / EVAL_METRICS_FILE
+            )
     return JobResult(
         state=ended,
         step=int(state.global_step),
