@@ -34,6 +34,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from reward_service.mathverify import worker
+from reward_service.mathverify.options import TRL, MathVerifyOptions
 from reward_service.mathverify.settings import MathVerifySettings
 
 log = logging.getLogger(__name__)
@@ -175,10 +176,15 @@ class MathVerifyPool:
         return w
 
     async def check(
-        self, gold: str, completion: str, deadline_s: float | None = None
+        self,
+        gold: str,
+        completion: str,
+        deadline_s: float | None = None,
+        options: MathVerifyOptions = TRL,
     ) -> tuple[float | None, str]:
-        """Verifies one completion against its gold answer; see ``worker.check_answer``."""
-        return await self._submit((worker.MATH, gold, completion), gold, deadline_s)
+        """Verifies one completion against its gold answer with ``options``' extraction and comparison;
+        see ``worker.check_answer``."""
+        return await self._submit((worker.MATH, gold, completion, options), gold, deadline_s)
 
     async def check_json_schema(
         self, schema: Any, completion: str, partial: bool, deadline_s: float | None = None

@@ -1,4 +1,4 @@
-"""Rewards built on answer correctness: accuracy, length (Kimi 1.5) and cosine.
+"""Rewards built on answer correctness: accuracy, reasoning_accuracy, length (Kimi 1.5) and cosine.
 
 Correctness comes from the math-verify worker pool (see ``reward_service.mathverify``), so a hanging SymPy
 comparison costs one sample an error, not the service a thread.
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from reward_service.core.types import ComponentResult, ParamInfo, RewardDescription, Sample
+from reward_service.mathverify.options import PRESETS, TRL, MathVerifyOptions
 from reward_service.mathverify.pool import MathVerifyPool
 from reward_service.rewards.base import Deadline, ThreadRunner, gold_answer, missing_metadata
 
@@ -51,25 +52,152 @@ def numeric_value(gold: str, completion: str) -> ComponentResult:
     return ComponentResult(value=1.0 if delta <= 1e-4 else 0.6 if delta <= 1e-2 else 0.0)
 
 
-async def correctness(
-    pool: MathVerifyPool, samples: Sequence[Sample], answer_key: str
-) -> list[ComponentResult]:
-    """math-verify correctness (1.0/0.0) of every sample, in parallel over the pool's workers."""
+# The accuracy params that tune math-verify: ``defaults`` picks a preset (options.TRL or
+# options.MATH_VERIFY), every other one left unset (None) takes the preset's value. See options.py for
+# the math-verify field each one sets.
+MATH_PARAMS = (
+    ParamInfo(
+        "defaults",
+        "string",
+        "trl",
+        "Preset of the options below: 'trl' (TRL accuracy_reward: LaTeX only, \\boxed or an anchor needed, "
+        "no malformed-operator repair) or 'math_verify' (math_verify.parse defaults: LaTeX and plain "
+        "expressions, no anchor needed, \\sqrt 2 and \\frac94 repaired, any_match).",
+        choices=tuple(PRESETS),
+    ),
+    ParamInfo(
+        "extraction",
+        "array",
+        None,
+        "What the answer is extracted as, in order: 'latex' (LatexExtractionConfig), 'expr' "
+        "(ExprExtractionConfig). trl: ['latex']; math_verify: ['latex', 'expr'].",
+        choices=("latex", "expr"),
+    ),
+    ParamInfo(
+        "try_extract_without_anchor",
+        "boolean",
+        None,
+        "Extract without \\boxed{} or a 'final answer is' anchor. trl: false; math_verify: true.",
+    ),
+    ParamInfo(
+        "boxed_match_priority",
+        "integer",
+        None,
+        "Priority of \\boxed{}: 0 first, 50 after the answer patterns, -1 never. trl: 0; math_verify: 50.",
+        minimum=-1,
+        maximum=1000,
+    ),
+    ParamInfo("normalize_basic_latex", "boolean", None, "NormalizationConfig.basic_latex. Both: true."),
+    ParamInfo("normalize_units", "boolean", None, "NormalizationConfig.units (drop units). Both: true."),
+    ParamInfo(
+        "normalize_malformed_operators",
+        "boolean",
+        None,
+        "NormalizationConfig.malformed_operators (\\sqrt 2, \\frac94). trl: false; math_verify: true.",
+    ),
+    ParamInfo(
+        "normalize_nits",
+        "boolean",
+        None,
+        "NormalizationConfig.nits (spaces, dots). trl: false; math_verify: true.",
+    ),
+    ParamInfo(
+        "normalize_boxed",
+        "string",
+        None,
+        "NormalizationConfig.boxed: which \\boxed{} contents are kept. Both: 'all'.",
+        choices=("all", "last", "none"),
+    ),
+    ParamInfo("normalize_equations", "boolean", None, "NormalizationConfig.equations. Both: false."),
+    ParamInfo(
+        "extraction_mode",
+        "string",
+        None,
+        "parse extraction_mode. trl: 'first_match'; math_verify: 'any_match'.",
+        choices=("first_match", "any_match"),
+    ),
+    ParamInfo(
+        "fallback_mode",
+        "string",
+        None,
+        "parse fallback_mode (keep the unparsed string of the first match). Both: 'first_match'.",
+        choices=("first_match", "no_fallback"),
+    ),
+    ParamInfo(
+        "gold_extraction",
+        "string",
+        None,
+        "How the gold is parsed: 'default' (parse() defaults, as TRL) or 'answer' (the answer's extraction, "
+        "as Math-Verify's tests). Both: 'default'.",
+        choices=("default", "answer"),
+    ),
+    ParamInfo(
+        "float_rounding", "integer", None, "verify float_rounding (decimals). Both: 6.", minimum=0, maximum=50
+    ),
+    ParamInfo(
+        "numeric_precision",
+        "integer",
+        None,
+        "verify numeric_precision (significant digits). Both: 15.",
+        minimum=1,
+        maximum=100,
+    ),
+    ParamInfo("strict", "boolean", None, "verify strict (variables must match). Both: true."),
+    ParamInfo(
+        "allow_set_relation_comp",
+        "boolean",
+        None,
+        "verify allow_set_relation_comp (1 < x < 2 equals (1, 2)). Both: false.",
+    ),
+)
+# Param name → MathVerifyOptions field, where they differ.
+_OPTION_FIELDS = {
+    "extraction": "targets",
+    "gold_extraction": "gold",
+    **{f"normalize_{name}": name for name in ("basic_latex", "units", "malformed_operators", "nits")},
+    "normalize_boxed": "boxed",
+    "normalize_equations": "equations",
+}
 
-    async def one(sample: Sample) -> ComponentResult:
+
+def math_options(params: dict[str, Any]) -> MathVerifyOptions:
+    """The ``defaults`` preset with every MATH_PARAMS param that is set."""
+    tuned = (p.name for p in MATH_PARAMS if p.name != "defaults")
+    overrides = {_OPTION_FIELDS.get(name, name): params[name] for name in tuned}
+    return PRESETS[params["defaults"]].with_overrides(overrides)
+
+
+async def correctness(
+    pool: MathVerifyPool,
+    samples: Sequence[Sample],
+    answer_key: str,
+    options: MathVerifyOptions = TRL,
+    answers: Sequence[str | None] | None = None,
+) -> list[ComponentResult]:
+    """math-verify correctness (1.0/0.0) of every sample, in parallel over the pool's workers.
+
+    ``answers``: the text to check per sample instead of its completion;
+    None there means the sample has no answer, which scores 0.0.
+    """
+    checked = answers if answers is not None else [s.completion for s in samples]
+
+    async def one(sample: Sample, text: str | None) -> ComponentResult:
         gold = gold_answer(sample, answer_key)
         if gold is None:
             return missing_metadata(answer_key)
-        value, error = await pool.check(gold, sample.completion)
+        if text is None:
+            return ComponentResult(value=0.0)
+        value, error = await pool.check(gold, text, options=options)
         return ComponentResult(value=value, error=error)
 
-    return list(await asyncio.gather(*(one(s) for s in samples)))
+    return list(await asyncio.gather(*(one(s, t) for s, t in zip(samples, checked, strict=True))))
 
 
 class Accuracy:
     """TRL ``accuracy_reward``: ``float(verify(parse(gold), parse(completion, latex, boxed first)))``; no
-    value when the gold cannot be parsed (TRL's None). ``mode="numeric"``: the seed's numeric tolerance
-    instead."""
+    value when the gold cannot be parsed (TRL's None). ``defaults="math_verify"`` and the other MATH_PARAMS
+    change the extraction and comparison (see ``math_options``). ``mode="numeric"``: the seed's numeric
+    tolerance instead."""
 
     def __init__(self, pool: MathVerifyPool, runner: ThreadRunner):
         self._pool = pool
@@ -77,16 +205,18 @@ class Accuracy:
         self.description = RewardDescription(
             name="accuracy",
             description="math-verify: 1.0 if verify(gold, answer) else 0.0, gold unparseable -> unset (TRL "
-            "accuracy_reward). mode='numeric': |Δ|<=1e-4 -> 1.0, <=1e-2 -> 0.6, else 0.",
+            "accuracy_reward; defaults='math_verify': math-verify's own extraction). mode='numeric': "
+            "|Δ|<=1e-4 -> 1.0, <=1e-2 -> 0.6, else 0.",
             params=(
                 ParamInfo(
                     "mode",
                     "string",
                     "math_verify",
-                    "'math_verify' or 'numeric'.",
+                    "'math_verify' or 'numeric' (the other params apply to 'math_verify').",
                     choices=("math_verify", "numeric"),
                 ),
                 ANSWER_KEY,
+                *MATH_PARAMS,
             ),
             required_metadata=("answer",),
             min_value=0.0,
@@ -96,13 +226,54 @@ class Accuracy:
     async def score(self, samples: Sequence[Sample], params: dict[str, Any]) -> list[ComponentResult]:
         key = params["answer_key"]
         if params["mode"] == "math_verify":
-            return await correctness(self._pool, samples, key)
+            return await correctness(self._pool, samples, key, math_options(params))
 
         def one(s: Sample, _: Deadline) -> ComponentResult:
             gold = gold_answer(s, key)
             return missing_metadata(key) if gold is None else numeric_value(gold, s.completion)
 
         return await self._runner.map(samples, one)
+
+
+def final_answer(completion: str, delimiters: Sequence[str]) -> str | None:
+    """TRL ``reasoning_accuracy_reward``'s split: the text after the last occurrence of the first delimiter
+    (in list order) that occurs in the completion; None when none does (the reasoning never closed)."""
+    for delimiter in delimiters:
+        if delimiter in completion:
+            return completion.rsplit(delimiter, 1)[-1]
+    return None
+
+
+class ReasoningAccuracy:
+    """TRL ``reasoning_accuracy_reward``: accuracy of the text after the reasoning (``</think>``); 0.0 when
+    the reasoning is not closed (before the gold is even parsed, as TRL), no value when the gold cannot be
+    parsed. Takes accuracy's math-verify params."""
+
+    def __init__(self, pool: MathVerifyPool):
+        self._pool = pool
+        self.description = RewardDescription(
+            name="reasoning_accuracy",
+            description="accuracy of the text after the last reasoning delimiter (default </think>); 0.0 "
+            "when no delimiter occurs (TRL reasoning_accuracy_reward).",
+            params=(
+                ParamInfo(
+                    "reasoning_delimiters",
+                    "array",
+                    ["</think>"],
+                    "Strings that end the reasoning; the first one (in this order) found in the completion "
+                    "splits it at its last occurrence.",
+                ),
+                ANSWER_KEY,
+                *MATH_PARAMS,
+            ),
+            required_metadata=("answer",),
+            min_value=0.0,
+            max_value=1.0,
+        )
+
+    async def score(self, samples: Sequence[Sample], params: dict[str, Any]) -> list[ComponentResult]:
+        answers = [final_answer(s.completion, params["reasoning_delimiters"]) for s in samples]
+        return await correctness(self._pool, samples, params["answer_key"], math_options(params), answers)
 
 
 def group_indices(samples: Sequence[Sample]) -> list[list[int]]:

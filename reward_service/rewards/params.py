@@ -9,6 +9,10 @@ from typing import Any
 from grpo_runtime.errors import InvalidArgument
 from reward_service.core.types import ParamInfo
 
+# Bounds of an array param (delimiters, names): rewards loop over its items for every sample.
+MAX_ARRAY_ITEMS = 32
+MAX_ITEM_CHARS = 1024
+
 
 def _type_ok(kind: str, value: Any) -> bool:
     if kind == "boolean":
@@ -29,7 +33,9 @@ def resolve_params(declared: Sequence[ParamInfo], given: Mapping[str, Any], fiel
     """Defaults overridden by ``given``; InvalidArgument naming ``<field>.<key>`` for an unknown key or bad
     value.
 
-    ``field`` is the path of the params struct in the request, e.g. ``rewards[2].params``.
+    ``field`` is the path of the params struct in the request, e.g. ``rewards[2].params``. An ``array`` is a
+    non-empty list of at most MAX_ARRAY_ITEMS distinct non-empty strings of at most MAX_ITEM_CHARS, each
+    one of ``choices`` when the param has choices; it is resolved to a tuple.
     """
     by_name = {p.name: p for p in declared}
     for key in given:
@@ -44,7 +50,9 @@ def resolve_params(declared: Sequence[ParamInfo], given: Mapping[str, Any], fiel
             raise InvalidArgument(f"must be of type {info.type}, got {value!r}", field=where)
         if info.type == "integer":
             value = int(value)
-        if info.choices and value not in info.choices:
+        if info.type == "array":
+            value = _string_list(value, info.choices, where)
+        elif info.choices and value not in info.choices:
             raise InvalidArgument(f"must be one of {list(info.choices)}, got {value!r}", field=where)
         if info.minimum is not None and value < info.minimum:
             raise InvalidArgument(f"must be >= {info.minimum:g}, got {value!r}", field=where)
@@ -52,3 +60,22 @@ def resolve_params(declared: Sequence[ParamInfo], given: Mapping[str, Any], fiel
             raise InvalidArgument(f"must be <= {info.maximum:g}, got {value!r}", field=where)
         resolved[key] = value
     return resolved
+
+
+def _string_list(value: Sequence[Any], choices: Sequence[Any], where: str) -> tuple[str, ...]:
+    if not value:
+        raise InvalidArgument("must list at least one value", field=where)
+    if len(value) > MAX_ARRAY_ITEMS:
+        raise InvalidArgument(f"{len(value)} values, at most {MAX_ARRAY_ITEMS}", field=where)
+    seen: set[str] = set()
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item:
+            raise InvalidArgument(f"must be a non-empty string, got {item!r:.80}", field=f"{where}[{i}]")
+        if len(item) > MAX_ITEM_CHARS:
+            raise InvalidArgument(f"{len(item)} characters, at most {MAX_ITEM_CHARS}", field=f"{where}[{i}]")
+        if choices and item not in choices:
+            raise InvalidArgument(f"must be one of {list(choices)}, got {item!r}", field=f"{where}[{i}]")
+        if item in seen:
+            raise InvalidArgument(f"{item[:80]!r} is listed twice", field=f"{where}[{i}]")
+        seen.add(item)
+    return tuple(value)

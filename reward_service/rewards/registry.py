@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from reward_service.mathverify.pool import MathVerifyPool
-from reward_service.rewards.accuracy import Accuracy, CosineReward, LengthReward, SoftOverlong
+from reward_service.rewards.accuracy import (
+    Accuracy,
+    CosineReward,
+    LengthReward,
+    ReasoningAccuracy,
+    SoftOverlong,
+)
 from reward_service.rewards.base import Reward, ThreadRunner
 from reward_service.rewards.code import CodeReward
 from reward_service.rewards.json_schema import JsonSchemaReward
@@ -26,9 +32,10 @@ def builtin_rewards(
     sandbox_status: str,
     runner: ThreadRunner | None = None,
 ) -> dict[str, Reward]:
-    """Name → reward for every built-in, in DESIGN.md's order; ``code`` is described as unavailable when
-    the sandbox is refused; then ``reasoning_gym:<task>`` for every offered task (when reasoning-gym is
-    installed). ``runner`` runs the text and reasoning-gym rewards (default limits when None)."""
+    """Name → reward for every built-in, in DESIGN.md's order (then the later ones); ``code`` is described
+    as unavailable when the sandbox is refused; then ``reasoning_gym:<task>`` for every offered task (when
+    reasoning-gym is installed). ``runner`` runs the text and reasoning-gym rewards (default limits when
+    None)."""
     runner = runner or ThreadRunner()
     text = {r.description.name: r for r in text_rewards(runner)}
     rewards: list[Reward] = [
@@ -42,6 +49,8 @@ def builtin_rewards(
         SoftOverlong(),
         CodeReward(sandbox, sandbox_available, sandbox_status),
         JsonSchemaReward(pool),
+        ReasoningAccuracy(pool),
+        text["code_format"],
     ]
     if reasoning_gym_rewards is not None:
         rewards += reasoning_gym_rewards(runner)

@@ -1,7 +1,9 @@
-"""Rewards that read only the completion text: format, tag_count, reasoning_steps, repetition_penalty."""
+"""Rewards that read only the completion text: format, tag_count, reasoning_steps, repetition_penalty,
+code_format."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,13 +67,15 @@ def repetition_value(units: Sequence[Any], ngram_size: int, max_penalty: float) 
 
 
 class RepetitionPenalty:
-    """n-gram repetition penalty over lower-cased whitespace words (open-r1, ``unit="words"``, default) or
-    over completion token ids (TRL ``get_repetition_penalty_reward``, ``unit="tokens"``)."""
+    """n-gram repetition penalty over lower-cased whitespace words (open-r1, ``unit="words"``, default), over
+    the characters of the lower-cased text (``unit="chars"``: text without spaces, e.g. Chinese or Japanese,
+    where a "word" is the whole completion), or over completion token ids (TRL
+    ``get_repetition_penalty_reward``, ``unit="tokens"``)."""
 
     description = RewardDescription(
         name="repetition_penalty",
         description="(1 - unique/total n-grams) * max_penalty; arXiv 2502.03373 App. C.2, open-r1 (words) / "
-        "TRL (token ids).",
+        "TRL (token ids); unit='chars' for text without spaces.",
         params=(
             ParamInfo("ngram_size", "integer", 3, "n of the n-grams.", minimum=1),
             ParamInfo(
@@ -81,8 +85,9 @@ class RepetitionPenalty:
                 "unit",
                 "string",
                 "words",
-                "'words' (open-r1) or 'tokens' (completion_ids, TRL).",
-                choices=("words", "tokens"),
+                "'words' (open-r1), 'chars' (characters, whitespace included) or 'tokens' (completion_ids, "
+                "TRL).",
+                choices=("words", "chars", "tokens"),
             ),
         ),
         min_value=None,
@@ -101,13 +106,64 @@ class RepetitionPenalty:
             if not s.completion_ids and s.completion:
                 return ComponentResult(error="completion_ids are required for unit='tokens'")
             units: Sequence[Any] = s.completion_ids
+        elif params["unit"] == "chars":
+            units = s.completion.lower()
         else:
             units = s.completion.lower().split()
         return ComponentResult(value=repetition_value(units, params["ngram_size"], params["max_penalty"]))
 
 
+MAX_LANGUAGE_CHARS = 64
+
+
+@functools.lru_cache(maxsize=64)
+def code_format_pattern(language: str) -> regex.Pattern[str]:
+    """open-r1 ``get_code_format_reward``'s pattern for ``language`` (escaped here: a language is data)."""
+    fence = "```" + regex.escape(language)
+    return regex.compile(
+        rf"^<think>\n.*?\n</think>\n<answer>\n.*?{fence}.*?```.*?\n</answer>$", regex.DOTALL | regex.MULTILINE
+    )
+
+
+class CodeFormat:
+    """open-r1 ``get_code_format_reward(language)``: 1.0 when the completion is a think block then an answer
+    block holding a ```<language> fenced block, ``^<think>\\n.*?\\n</think>\\n<answer>\\n.*?```<language>
+    .*?```.*?\\n</answer>$`` (DOTALL|MULTILINE, ``match``), else 0.0. A sample's metadata ``language``
+    (open-r1's ``language`` column) overrides the ``language`` param."""
+
+    description = RewardDescription(
+        name="code_format",
+        description="1 if <think>..</think><answer>..```<language>..```..</answer> (open-r1 "
+        "code_format_reward); metadata 'language' overrides the param per sample.",
+        params=(
+            ParamInfo(
+                "language", "string", "python", "Fence language, e.g. python, cpp; metadata 'language' wins."
+            ),
+        ),
+        min_value=0.0,
+        max_value=1.0,
+    )
+
+    def __init__(self, runner: ThreadRunner):
+        self._runner = runner
+
+    async def score(self, samples: Sequence[Sample], params: dict[str, Any]) -> list[ComponentResult]:
+        return await self._runner.map(samples, lambda s, deadline: self._one(s, params, deadline))
+
+    @staticmethod
+    def _one(s: Sample, params: dict[str, Any], deadline: Deadline) -> ComponentResult:
+        language = s.metadata.get("language", params["language"])
+        if not isinstance(language, str) or not 0 < len(language) <= MAX_LANGUAGE_CHARS:
+            return ComponentResult(
+                error=f"the language (metadata or param) must be 1 to {MAX_LANGUAGE_CHARS} characters"
+            )
+        pattern = code_format_pattern(language)
+        matched = pattern.match(s.completion, timeout=_timeout(deadline), concurrent=True)
+        return ComponentResult(value=1.0 if matched else 0.0)
+
+
 def text_rewards(runner: ThreadRunner) -> list[Any]:
-    """format, tag_count, reasoning_steps, repetition_penalty, all run by ``runner``."""
+    """format, tag_count, reasoning_steps, repetition_penalty, code_format, all run by ``runner``."""
     return [
         TextReward(
             RewardDescription(
@@ -150,4 +206,5 @@ def text_rewards(runner: ThreadRunner) -> list[Any]:
             runner,
         ),
         RepetitionPenalty(runner),
+        CodeFormat(runner),
     ]

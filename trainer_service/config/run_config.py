@@ -42,7 +42,12 @@ from pydantic import (
 from grpo_runtime.config import ConfigError as RuntimeConfigError
 from grpo_runtime.config import safe_load_yaml, validation_errors
 from trainer_service.config.rollout_targets import parse_target
-from trainer_service.config.variants import VariantConfigError, validate_variant_params
+from trainer_service.config.variants import (
+    PAPER_CLIP_RANGES,
+    VariantConfigError,
+    normalize_variant,
+    validate_variant_params,
+)
 
 # |weight| of one reward term; larger weights only overflow the weighted sum.
 MAX_REWARD_WEIGHT = 1e6
@@ -127,6 +132,17 @@ class RewardTerm(_Strict):
     params: FiniteParams = Field(default_factory=dict)
 
 
+class DynamicSamplingConfig(_Strict):
+    """DAPO's dynamic sampling (trainer_service.training.dynamic_sampling): groups whose rewards have no
+    spread are dropped and replaced by groups of new prompts until the batch is full.
+
+    ``max_gen_batches``: generation batches a step may use, the first included (verl's
+    ``max_num_gen_batches``); when they are spent the batch is filled up with dropped groups."""
+
+    filter: Literal["zero_std"] = "zero_std"
+    max_gen_batches: int = Field(default=4, ge=2, le=64)
+
+
 class TrainingConfig(_Strict):
     """GRPO hyperparameters (TRL names in comments where they differ)."""
 
@@ -134,12 +150,20 @@ class TrainingConfig(_Strict):
     # Optimizer steps; -1 = derived from epochs.
     max_steps: int = Field(default=-1, ge=-1)
     lr: float = Field(default=1e-5, gt=0, le=1.0)  # learning_rate
-    # Completions (not prompts) per device per micro-step: TRL per_device_train_batch_size.
-    batch_size: int = Field(default=8, ge=1)
+    # Completions (not prompts) per device per micro-step: TRL per_device_train_batch_size. "auto" = chosen
+    # at the job's start from memory, model size, sequence length and G (trainer_service.config.auto_batch).
+    batch_size: int | Literal["auto"] = 8
     gradient_accumulation_steps: int = Field(default=1, ge=1)
     # Completions per prompt (the group size G); G >= 2 or group advantages are all zero.
     num_generations: int = Field(default=4, ge=2)
     grpo_beta: float = Field(default=0.0, ge=0.0)  # KL coefficient β
+    # Advantage scaling (TRL scale_rewards): divide by the group's reward std, the batch's, or not at all
+    # (Dr. GRPO and GPG use "none").
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    # Truncated completions (no EOS within max_completion_length) leave the loss (DAPO's overlong filter).
+    mask_truncated_completions: bool = False
+    # DAPO dynamic sampling; None = train on every group.
+    dynamic_sampling: DynamicSamplingConfig | None = None
     # Loss variant by name (see trainer_service.config.variants); "standard" = TRL's default loss.
     grpo_variant: str = "standard"
     grpo_delta: float | None = Field(default=None, gt=0)
@@ -214,6 +238,17 @@ class TrainingConfig(_Strict):
     @classmethod
     def _reward_fn_parses(cls, value: str) -> str:
         parse_reward_fn(value)
+        return value
+
+    @field_validator("batch_size", mode="before")
+    @classmethod
+    def _batch_size_positive_or_auto(cls, value: Any) -> Any:
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"must be an integer >= 1 or 'auto', got {value!r}")
+        if value < 1:
+            raise ValueError("Input should be greater than or equal to 1 (or 'auto')")
         return value
 
     @field_validator("report_to")
@@ -367,7 +402,7 @@ def parse_reward_fn(spec: str) -> list[tuple[str, float]]:
 def _check_cross_fields(config: RunConfig) -> None:
     """Rules that span several keys; each error names the key to change."""
     t = config.training
-    generation_batch = t.batch_size * t.gradient_accumulation_steps
+    generation_batch = 0 if t.batch_size == "auto" else t.batch_size * t.gradient_accumulation_steps
     if generation_batch % t.num_generations:
         # TRL: generation_batch_size = batch_size × processes × GA must be divisible by G.
         raise ConfigError(
@@ -375,6 +410,7 @@ def _check_cross_fields(config: RunConfig) -> None:
             f"training.num_generations ({t.num_generations}); the batch counts completions, not prompts",
             key="training.batch_size",
         )
+    _check_objective(config)
     try:
         validate_variant_params(
             t.grpo_variant,
@@ -400,6 +436,23 @@ def _check_cross_fields(config: RunConfig) -> None:
             "cannot be combined with training.async_rollout: a sleeping engine cannot generate during the "
             "optimizer step",
             key="training.vllm_sleep_mode",
+        )
+
+
+def _check_objective(config: RunConfig) -> None:
+    """A variant's paper clip range when no ε is set, and adapters the rollout service cannot load."""
+    t = config.training
+    try:
+        variant = normalize_variant(t.grpo_variant)
+    except VariantConfigError as exc:
+        raise ConfigError(str(exc).removeprefix(f"{exc.key}: "), key=f"training.{exc.key}") from exc
+    if variant in PAPER_CLIP_RANGES and not {"grpo_epsilon", "grpo_epsilon_high"} & t.model_fields_set:
+        t.grpo_epsilon, t.grpo_epsilon_high = PAPER_CLIP_RANGES[variant]
+    if t.lora.use_dora and t.lora.r > 0 and t.weight_sync:
+        raise ConfigError(
+            "the rollout service loads LoRA adapters only (it would sample without DoRA's magnitude vectors, "
+            "from other weights than the trainer trains); set it false (or training.weight_sync: false)",
+            key="training.lora.use_dora",
         )
 
 

@@ -45,6 +45,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,6 +131,7 @@ class AsyncServiceRollout:
         self._pending: tuple[list[str], Future] | None = None
         # Version of the weights the latest trained batch was checked against.
         self.trainer_version: int | None = None
+        self._direct = False
 
     # -- wiring ---------------------------------------------------------------------------------------------
     def record(self, sampler: Sampler) -> Sampler:
@@ -150,12 +152,28 @@ class AsyncServiceRollout:
         return self.inner.last_versions
 
     @property
+    def last_tool_metrics(self) -> dict[str, float]:
+        return self.inner.last_tool_metrics
+
+    @property
     def last_version(self) -> int | None:
         """Oldest policy version among the completions of the latest trained batch."""
         return min(self.inner.last_versions) if self.inner.last_versions else None
 
+    @contextmanager
+    def direct(self) -> Iterator[None]:
+        """Calls inside generate synchronously (:class:`ServiceRollout`), leaving the pending prefetch and
+        the sampler lookahead alone: dynamic sampling's replacement prompts are not in the sampler's order."""
+        self._direct = True
+        try:
+            yield
+        finally:
+            self._direct = False
+
     # -- the rollout_func -----------------------------------------------------------------------------------
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
+        if self._direct:
+            return self.inner(prompts, trainer)
         keys = [prompt_key(p) for p in prompts]
         step = int(trainer.state.global_step)
         result = self._take_prefetched(keys, trainer)

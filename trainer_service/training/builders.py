@@ -162,6 +162,8 @@ def build_grpo_config(config: RunConfig, device: Device) -> GRPOConfig:
         gradient_accumulation_steps=t.gradient_accumulation_steps,
         num_generations=t.num_generations,
         beta=t.grpo_beta,
+        scale_rewards=t.scale_rewards,
+        mask_truncated_completions=t.mask_truncated_completions,
         # The trainer recomputes logprobs as log_softmax(logits / temperature): must equal the sampling T.
         temperature=t.temperature,
         top_p=t.top_p,

@@ -72,6 +72,7 @@ from trainer_service.training.callbacks import (
     plot_reward_curve,
 )
 from trainer_service.training.data import REWARD_METADATA, check_prompt_lengths, read_split, to_dataset
+from trainer_service.training.dynamic_sampling import DynamicSamplingSettings
 from trainer_service.training.evaluation import EvaluationCallback, HeldOutEvaluator
 from trainer_service.training.importance_sampling import ImportanceSamplingPlan, resolve_importance_sampling
 from trainer_service.training.rewards import BatchScorer
@@ -248,6 +249,9 @@ def run_job(
     if config.training.async_rollout and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # The lookahead reads this process's sampler; other ranks would prefetch different prompts.
         raise ConfigError("supports single-process runs only", key="training.async_rollout")
+    if config.training.dynamic_sampling is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Each rank would draw its own number of replacement rounds, and TRL's gathers would deadlock.
+        raise ConfigError("supports single-process runs only", key="training.dynamic_sampling")
     # Read the data first: a missing file or a malformed row fails before any service is started.
     rows = {split: read_split(config.data, split=split) for split in ("train", "eval")}
     settings = JobSettings.of(config)
@@ -361,6 +365,9 @@ def _train(
         processing_class=tokenizer,
         rollout_func=rollout,
         importance_sampling=importance_sampling_plan(config, settings.device, endpoints.rollout),
+        dynamic_sampling=(
+            DynamicSamplingSettings(t.dynamic_sampling.max_gen_batches) if t.dynamic_sampling else None
+        ),
         callbacks=[
             sync_callback,
             MetricsCallback(

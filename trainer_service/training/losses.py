@@ -264,19 +264,18 @@ def rft(
     return PolicyLoss(-per_token_logps * positive, ratio, aggregation_mask=mask * positive)
 
 
-def gpg_rescaling_factor(advantages: torch.Tensor, num_generations: int) -> float:
+def gpg_rescaling_factor(zero_spread: torch.Tensor) -> float:
     """GPG's gradient-rescaling factor over one generation batch (Chu et al. 2025, arXiv:2504.02546):
 
         α = B / (B − M)
 
-    B = groups in the generation batch (``advantages`` (B·G,), prompt-major, all processes), M = groups whose
-    rewards have no spread (every advantage of the group is 0, so they give no gradient). α undoes the
-    dilution of the batch mean by those groups; a batch of only such groups gets α = 1 (its loss is 0
-    anyway). A completion with A = 0 inside a group with spread does not count.
+    ``zero_spread``: (B,) bool, one flag per group of the generation batch (all processes), True where the
+    group's rewards have no spread (std = 0, so every advantage of the group is 0 and it gives no gradient);
+    M = their number. α undoes the dilution of the batch mean by those groups; a batch of only such groups
+    gets α = 1 (its loss is 0 anyway). A completion with A = 0 inside a group with spread does not count.
     """
-    groups = advantages.reshape(-1, num_generations)
-    total = groups.size(0)
-    flat = int((groups == 0).all(dim=1).sum())
+    total = int(zero_spread.numel())
+    flat = int(zero_spread.sum())
     return total / (total - flat) if flat < total else 1.0
 
 

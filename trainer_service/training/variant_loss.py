@@ -131,6 +131,7 @@ class VariantLossMixin:
     """
 
     grpo_variant: str
+    zero_spread: torch.Tensor | None  # set by DynamicSamplingMixin below in the MRO
 
     def __init__(
         self, *args: Any, importance_sampling: ImportanceSamplingPlan | None = None, **kwargs: Any
@@ -178,10 +179,12 @@ class VariantLossMixin:
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         output = super()._generate_and_score_completions(inputs)
         if self.grpo_variant == "gpg":
-            # α over the whole generation batch (every process), carried as a 0-d tensor that TRL's
+            # α over the groups of the whole generation batch (every process; after dynamic sampling's
+            # merge when it is on), carried as a 0-d tensor that TRL's
             # shuffle/split hand unchanged to every micro-batch.
-            group_size = self.num_generations if self.model.training else self.num_generations_eval
-            alpha = losses.gpg_rescaling_factor(self.accelerator.gather(output["advantages"]), group_size)
+            if self.zero_spread is None:
+                raise RuntimeError("GPG needs the zero-spread groups of the batch (DynamicSamplingMixin)")
+            alpha = losses.gpg_rescaling_factor(self.zero_spread)
             output["gpg_alpha"] = torch.tensor(alpha, device=output["advantages"].device)
         # TRL corrects for the sampler only on its own vLLM path; a rollout_func sampler (the rollout service)
         # gets the same correction here, from the log-probs it returned.

@@ -1,4 +1,5 @@
-"""`trl.GRPOTrainer` subclasses that train with one of the loss variants (`VariantLossMixin` + a TRL base)."""
+"""`trl.GRPOTrainer` subclasses that train with one of the loss variants (`VariantLossMixin` + a TRL base),
+with optional DAPO dynamic sampling (`DynamicSamplingMixin`, constructor argument ``dynamic_sampling``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import functools
 from trl import GRPOTrainer
 
 from trainer_service.config.variants import VARIANTS, normalize_variant
+from trainer_service.training.dynamic_sampling import DynamicSamplingMixin
 from trainer_service.training.variant_loss import VariantLossMixin
 
 
@@ -14,7 +16,8 @@ from trainer_service.training.variant_loss import VariantLossMixin
 def _variant_class(name: str, base: type) -> type:
     cls = type(
         f"{base.__name__}_{name}",
-        (VariantLossMixin, base),
+        # Dynamic sampling below the variant: the variant's per-batch work sees the merged batch.
+        (VariantLossMixin, DynamicSamplingMixin, base),
         {
             "grpo_variant": name,
             "__doc__": f"{base.__name__} training with loss variant {name!r}: {VARIANTS[name]}.",

@@ -46,3 +46,35 @@ def test_bad_params_name_the_field(given, field):
     with pytest.raises(InvalidArgument) as err:
         resolve_params(DECLARED, given, "rewards[2].params")
     assert err.value.field == field
+
+
+ARRAYS = (
+    ParamInfo("targets", "array", None, "", choices=("latex", "expr")),
+    ParamInfo("delimiters", "array", ["</think>"], ""),
+)
+
+
+def test_array_params_resolve_to_tuples_of_strings():
+    got = resolve_params(ARRAYS, {"targets": ["expr", "latex"], "delimiters": ["</r>"]}, "p")
+    assert got == {"targets": ("expr", "latex"), "delimiters": ("</r>",)}
+    assert resolve_params(ARRAYS, {}, "p") == {"targets": None, "delimiters": ["</think>"]}
+
+
+@pytest.mark.parametrize(
+    ("given", "field"),
+    [
+        ({"targets": ["latex", "text"]}, "p.targets[1]"),
+        ({"targets": ["expr", "expr"]}, "p.targets[1]"),
+        ({"targets": []}, "p.targets"),
+        ({"targets": "latex"}, "p.targets"),
+        ({"delimiters": [""]}, "p.delimiters[0]"),
+        ({"delimiters": ["a", 1.0]}, "p.delimiters[1]"),
+        ({"delimiters": [["</think>"]]}, "p.delimiters[0]"),
+        ({"delimiters": ["x" * 1025]}, "p.delimiters[0]"),
+        ({"delimiters": [str(i) for i in range(33)]}, "p.delimiters"),
+    ],
+)
+def test_bad_array_params_name_the_item(given, field):
+    with pytest.raises(InvalidArgument) as err:
+        resolve_params(ARRAYS, given, "p")
+    assert err.value.field == field

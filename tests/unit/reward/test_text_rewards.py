@@ -89,6 +89,62 @@ async def test_repetition_penalty_words_open_r1():
     assert results[1].value == 0.0
 
 
+async def test_repetition_penalty_chars_for_text_without_spaces():
+    reward = RepetitionPenalty(ThreadRunner())
+    params = resolve_params(reward.description.params, {"unit": "chars", "ngram_size": 2}, "p")
+    texts = ["这个这个这个这个这个", "今天天气很好", "AbAb", "好"]
+    results = await reward.score([Sample(id=str(i), completion=t) for i, t in enumerate(texts)], params)
+    # 9 character bigrams, 2 distinct (这个, 个这); all 5 distinct; ab, ba, ab (lower-cased); too short.
+    assert [r.value for r in results] == pytest.approx([-(1 - 2 / 9), 0.0, -(1 - 2 / 3), 0.0])
+    words = resolve_params(reward.description.params, {"ngram_size": 2}, "p")
+    assert (await reward.score([Sample(id="w", completion=texts[0])], words))[0].value == 0.0  # one "word"
+
+
+def _open_r1_code_format(text: str, language: str) -> float:
+    # open-r1 get_code_format_reward, written out from its source.
+    pattern = rf"^<think>\n.*?\n</think>\n<answer>\n.*?```{language}.*?```.*?\n</answer>$"
+    return 1.0 if re.match(pattern, text, re.DOTALL | re.MULTILINE) else 0.0
+
+
+CODE_TEXTS = [
+    "<think>\nplan\n</think>\n<answer>\n```python\nprint(1)\n```\n</answer>",
+    "<think>\nplan\n</think>\n<answer>\nHere:\n```python\nprint(1)\n```\nDone.\n</answer>",
+    "<think>\nplan\n</think>\n<answer>\n```cpp\nint main() {}\n```\n</answer>",
+    "<think>\nplan\n</think>\n<answer>\nprint(1)\n</answer>",
+    "```python\nprint(1)\n```",
+    "<think>\nplan\n</think>\n<answer>\n```python\nprint(1)\n</answer>",
+    "<think>plan</think><answer>```python\nprint(1)\n```</answer>",
+]
+
+
+@pytest.mark.parametrize("language", ["python", "cpp"])
+async def test_code_format_matches_open_r1(language):
+    reward = {r.description.name: r for r in text_rewards(ThreadRunner())}["code_format"]
+    params = resolve_params(reward.description.params, {"language": language}, "p")
+    results = await reward.score([Sample(id=str(i), completion=t) for i, t in enumerate(CODE_TEXTS)], params)
+    assert [r.value for r in results] == [_open_r1_code_format(t, language) for t in CODE_TEXTS]
+    assert {r.value for r in results} == {0.0, 1.0}
+
+
+async def test_code_format_language_per_sample_is_data_not_a_pattern():
+    reward = {r.description.name: r for r in text_rewards(ThreadRunner())}["code_format"]
+    params = resolve_params(reward.description.params, {}, "p")
+    fenced = "<think>\nx\n</think>\n<answer>\n```{}\ncode\n```\n</answer>"
+    samples = [
+        Sample(id="cpp", completion=fenced.format("cpp"), metadata={"language": "cpp"}),
+        Sample(id="cpp-as-python", completion=fenced.format("cpp")),
+        # open-r1 would compile "c++" as a pattern and fail; here it is the literal fence language.
+        Sample(id="c++", completion=fenced.format("c++"), metadata={"language": "c++"}),
+        Sample(id="dot", completion=fenced.format("px"), metadata={"language": "."}),
+        Sample(id="bad", completion=fenced.format("cpp"), metadata={"language": 3}),
+        Sample(id="long", completion=fenced.format("cpp"), metadata={"language": "c" * 65}),
+    ]
+    results = {s.id: r for s, r in zip(samples, await reward.score(samples, params), strict=True)}
+    assert [results[k].value for k in ("cpp", "cpp-as-python", "c++", "dot")] == [1.0, 0.0, 1.0, 0.0]
+    assert results["bad"].value is None and "language" in results["bad"].error
+    assert results["long"].value is None and "64" in results["long"].error
+
+
 async def test_soft_overlong_matches_trl():
     reward = SoftOverlong()
     params = resolve_params(

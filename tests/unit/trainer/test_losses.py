@@ -144,13 +144,11 @@ def test_gpg_is_rescaled_policy_gradient(batch):
     torch.testing.assert_close(loss, expected)
 
 
-def test_gpg_rescaling_factor_counts_groups_without_spread():
-    # 4 groups of G = 3: group 1 has no spread (all A = 0), group 2 has one A = 0 completion but spread.
-    advantages = torch.tensor([0.5, -0.5, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, -1.0, 0.2, 0.3, -0.5])
-    assert losses.gpg_rescaling_factor(advantages, 3) == pytest.approx(4 / 3)  # B / (B − M) = 4 / (4 − 1)
-    # Per completion it would have been 12 / 8: the old, wrong count.
-    assert losses.gpg_rescaling_factor(torch.zeros(6), 3) == 1.0  # nothing to learn: no rescaling
-    assert losses.gpg_rescaling_factor(torch.tensor([1.0, -1.0, 2.0, -2.0]), 2) == 1.0
+def test_gpg_rescaling_factor_is_groups_over_groups_with_spread():
+    # B = 4 groups, M = 1 without spread: α = B / (B − M).
+    assert losses.gpg_rescaling_factor(torch.tensor([False, True, False, False])) == pytest.approx(4 / 3)
+    assert losses.gpg_rescaling_factor(torch.tensor([True, True])) == 1.0  # nothing to learn: no rescaling
+    assert losses.gpg_rescaling_factor(torch.tensor([False, False])) == 1.0
 
 
 def test_aggregations_match_their_formulas(batch):
