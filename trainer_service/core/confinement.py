@@ -5,8 +5,9 @@ A StartRun caller may be hostile, so every path in its config is checked before 
 - ``output`` / ``experiment_name``: no ``..`` component, ``experiment_name`` relative, and the output
   directory, symlinks resolved, inside ``runs_root`` and a directory if it exists (never a device file);
 - ``training.resume_from_checkpoint`` (a path): inside ``runs_root`` too;
-- ``data.train``, ``data.eval``, a ``training.deepspeed_config`` file: inside one of ``data_roots``, a regular
-  file or a directory if it exists (a missing file fails the run itself, with the data error);
+- ``data.train``, ``data.eval`` (unless a generated ``reasoning_gym:<task>`` source), a
+  ``training.deepspeed_config`` file: inside one of ``data_roots``, a regular file or a directory if it exists
+  (a missing file fails the run itself, with the data error);
 - ``services.admin_token_file``, ``services.tls_ca_file``: regular files inside one of ``secret_roots``.
 
 Relative paths are relative to the service's working directory, as the worker reads them. The CLI's ``train``
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from grpo_runtime.errors import InvalidArgument
 from grpo_runtime.paths import is_within, resolve_path
-from trainer_service.config.run_config import RunConfig
+from trainer_service.config.run_config import RunConfig, generated_task
 from trainer_service.settings import TrainerServiceSettings
 
 
@@ -105,7 +106,7 @@ def confine(config: RunConfig, roots: RunRoots) -> Path:
     if isinstance(config.training.deepspeed_config, str):
         data_files["training.deepspeed_config"] = config.training.deepspeed_config
     for key, text in data_files.items():
-        if text is not None:
+        if text is not None and generated_task(text) is None:  # generated data reads no file
             path = _resolve(text, key)
             _inside(path, roots.data, key, "data roots")
             _kind(path, key, directory_ok=key != "training.deepspeed_config", file_ok=True)

@@ -13,10 +13,15 @@ Accepted row layouts (those of soup-cli's GRPO trainer), detected per row with `
 Every other column (``answer``, ``tests``, ``schema``, ...) is kept: TRL forwards dataset columns to the
 reward functions, which send them to the reward service as sample metadata. Prompts are always chat message
 lists.
+
+``reasoning_gym:<task>`` generates the rows instead (:func:`generate_rows`): the entry's question as the
+user turn (after the configured system prompt), ``answer`` its gold answer and ``reasoning_gym`` its metadata
+as JSON text — what the reward service's ``reasoning_gym:<task>`` rewards rebuild the entry from.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -24,7 +29,7 @@ from typing import Any
 
 import datasets
 
-from trainer_service.config.run_config import DataConfig, RewardTerm
+from trainer_service.config.run_config import DataConfig, GeneratedData, RewardTerm, generated_task
 
 Row = dict[str, Any]
 
@@ -230,11 +235,50 @@ def validate_reward_metadata(
             )
 
 
+def generate_rows(task: str, generated: GeneratedData, *, split: str) -> list[Row]:
+    """``generated.size`` rows of reasoning-gym's ``task`` for ``train`` (seed ``generated.seed``), or
+    ``generated.eval_size`` for ``eval`` (seed + size, see GeneratedData), in the module docstring's
+    layout."""
+    # reasoning-gym (and sympy under it) takes about a second to import: only runs that use it pay.
+    reasoning_gym = importlib.import_module("reasoning_gym")
+    if task not in reasoning_gym.factory.DATASETS:
+        known = ", ".join(sorted(reasoning_gym.factory.DATASETS))
+        raise DataError(f"{split} data: unknown reasoning-gym task {task[:80]!r} (tasks: {known})")
+    if split == "train":
+        size, seed = generated.size, generated.seed
+    else:
+        size, seed = generated.eval_size, generated.seed + generated.size
+    try:
+        dataset = reasoning_gym.create_dataset(task, size=size, seed=seed, **generated.config)
+    except (TypeError, ValueError, AssertionError) as exc:  # an unknown or out-of-range config field
+        raise DataError(f"{split} data: data.reasoning_gym.config does not fit task {task!r}: {exc}") from exc
+    system: list[dict[str, str]] = []
+    if generated.system_prompt is not None:
+        prompts = reasoning_gym.utils.SYSTEM_PROMPTS
+        if generated.system_prompt not in prompts:
+            raise DataError(
+                f"{split} data: data.reasoning_gym.system_prompt {generated.system_prompt!r} is not one of "
+                f"{sorted(prompts)}"
+            )
+        system = [{"role": "system", "content": prompts[generated.system_prompt]}]
+    return [
+        {
+            "prompt": [*system, {"role": "user", "content": entry["question"]}],
+            "answer": entry["answer"],
+            "reasoning_gym": json.dumps(entry["metadata"], default=str),
+        }
+        for entry in dataset
+    ]
+
+
 def read_split(config: DataConfig, *, split: str) -> list[Row] | None:
-    """Read and convert one split (``train`` or ``eval``); None when the split is not configured."""
+    """Read and convert (or generate) one split (``train`` or ``eval``); None when it is not configured."""
     path = config.train if split == "train" else config.eval
     if path is None:
         return None
+    task = generated_task(path)
+    if task is not None:
+        return generate_rows(task, config.reasoning_gym, split=split)
     return prepare_rows(read_rows(path, split=split), fmt=config.format, split=split)
 
 
@@ -272,6 +316,7 @@ __all__ = [
     "DataError",
     "check_prompt_lengths",
     "detect_format",
+    "generate_rows",
     "has_usable_value",
     "prepare_rows",
     "read_rows",
