@@ -52,10 +52,12 @@ from grpo_runtime.client import ChannelConfig, create_sync_channel
 from rollout_service.core.payload import EncodedPayload, encode
 from rollout_service.core.types import (
     CompletionResult,
+    EpisodeSpec,
     FinishReason,
     MemoryUsage,
     SleepResult,
     StatusInfo,
+    TurnSpan,
     WakeResult,
     WeightFormat,
     WeightsApplied,
@@ -74,6 +76,7 @@ Prompt = str | Sequence[Mapping[str, str]] | Sequence[int]
 __all__ = [
     "CompletionResult",
     "EncodedPayload",
+    "EpisodeSpec",
     "FinishReason",
     "RolloutClient",
     "StatusInfo",
@@ -136,14 +139,20 @@ class RolloutClient:
         sampling: Mapping[str, Any] | None = None,
         *,
         prompt_ids: Sequence[str] | None = None,
+        episodes: Sequence[EpisodeSpec] | None = None,
         timeout_s: float | None = None,
     ) -> list[CompletionResult]:
         """``n`` completions per prompt, prompt-major (``len(prompts) * n`` results).
 
         ``prompt_ids`` (optional) are echoed in ``CompletionResult.prompt_id``; default "0", "1", ...
+        ``episodes`` (optional, one per prompt): each completion is a multi-turn tool episode; the
+        results then carry ``tool_mask``, ``turns``, tool counts and ``env_reward``.
         """
         request = rollout_pb2.GenerateRequest(
-            prompts=[_prompt(p, prompt_ids[i] if prompt_ids else str(i)) for i, p in enumerate(prompts)],
+            prompts=[
+                _prompt(p, prompt_ids[i] if prompt_ids else str(i), episodes[i] if episodes else None)
+                for i, p in enumerate(prompts)
+            ],
             n=n,
             sampling=_sampling(sampling or {}),
         )
@@ -295,14 +304,33 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _prompt(prompt: Prompt, prompt_id: str) -> rollout_pb2.Prompt:
+def _prompt(prompt: Prompt, prompt_id: str, episode: EpisodeSpec | None = None) -> rollout_pb2.Prompt:
+    message = rollout_pb2.Prompt(id=prompt_id)
+    if episode is not None:
+        message.episode.CopyFrom(_episode(episode))
     if isinstance(prompt, str):
-        return rollout_pb2.Prompt(id=prompt_id, text=prompt)
+        message.text = prompt
+        return message
     items = list(prompt)
     if items and all(isinstance(x, int) for x in items):
-        return rollout_pb2.Prompt(id=prompt_id, token_ids=items)
-    messages = [common_pb2.ChatMessage(role=m["role"], content=m.get("content") or "") for m in items]
-    return rollout_pb2.Prompt(id=prompt_id, messages=messages)
+        message.token_ids.extend(items)
+        return message
+    message.messages.extend(
+        common_pb2.ChatMessage(role=m["role"], content=m.get("content") or "") for m in items
+    )
+    return message
+
+
+def _episode(spec: EpisodeSpec) -> rollout_pb2.Episode:
+    message = rollout_pb2.Episode(
+        environment=spec.environment,
+        max_turns=spec.max_turns,
+        max_tool_calls=spec.max_tool_calls,
+        target=spec.target,
+    )
+    message.params.update(spec.params)
+    message.metadata.update(spec.metadata)
+    return message
 
 
 def _sampling(sampling: Mapping[str, Any]) -> rollout_pb2.SamplingParams:
@@ -324,6 +352,12 @@ def _completion(c: rollout_pb2.Completion) -> CompletionResult:
         logprobs=list(c.logprobs),
         finish_reason=FinishReason(c.finish_reason),
         policy_version=c.policy_version,
+        tool_mask=list(c.tool_mask),
+        turns=[TurnSpan(t.start, t.end, t.policy_version, t.tool_calls) for t in c.turns],
+        tool_call_count=c.tool_call_count,
+        tool_failure_count=c.tool_failure_count,
+        env_reward=c.env_reward if c.HasField("env_reward") else None,
+        error=c.error,
     )
 
 

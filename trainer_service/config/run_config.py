@@ -31,6 +31,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -95,43 +96,16 @@ def _all_finite(value: Any) -> Any:
 FiniteParams = Annotated[dict[str, Any], AfterValidator(_all_finite)]
 
 
-# A data source that generates its rows instead of reading a file: ``reasoning_gym:<task>``.
-GENERATED_PREFIX = "reasoning_gym:"
-
-
-def generated_task(source: str | None) -> str | None:
-    """The reasoning-gym task of a ``data.train``/``data.eval`` value, None when it names a file."""
-    if source is not None and source.startswith(GENERATED_PREFIX):
-        return source[len(GENERATED_PREFIX) :]
-    return None
-
-
-class GeneratedData(_Strict):
-    """Rows of a ``reasoning_gym:<task>`` source: ``size`` entries (eval: ``eval_size``) generated with
-    ``seed`` (eval: ``seed + size``: reasoning-gym draws entry ``i`` from ``Random(seed + i)``, so eval rows
-    are other draws than train rows), the task built with ``config`` (its config dataclass's fields), a system
-    message from reasoning-gym's ``SYSTEM_PROMPTS[system_prompt]`` (None: no system message)."""
-
-    size: int = Field(default=1000, ge=1, le=1_000_000)
-    eval_size: int = Field(default=100, ge=1, le=100_000)
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    config: FiniteParams = Field(default_factory=dict)
-    system_prompt: str | None = "default"
-
-
 class DataConfig(_Strict):
     """Where prompts come from and how long they may be.
 
     ``train``/``eval``: a local JSONL, JSON or Parquet file, or a directory written by
-    ``datasets.Dataset.save_to_disk`` (a ``DatasetDict`` directory takes its ``train``/``test`` split), or
-    ``reasoning_gym:<task>``: rows reasoning-gym generates as the ``reasoning_gym`` block says
-    (:class:`GeneratedData`).
+    ``datasets.Dataset.save_to_disk`` (a ``DatasetDict`` directory takes its ``train``/``test`` split).
     ``format``: ``auto`` detects per row; the others force one of soup-cli's layouts.
     """
 
     train: str
     eval: str | None = None
-    reasoning_gym: GeneratedData = Field(default_factory=GeneratedData)
     format: Literal["auto", "messages", "prompt", "dpo", "alpaca"] = "auto"
     # Longest prompt + completion in tokens, as in soup-cli; also the default completion length.
     max_length: int = Field(default=512, ge=8)
@@ -157,6 +131,21 @@ class RewardTerm(_Strict):
     name: str
     weight: float = Field(default=1.0, ge=-MAX_REWARD_WEIGHT, le=MAX_REWARD_WEIGHT)
     params: FiniteParams = Field(default_factory=dict)
+
+
+class EnvironmentSpec(_Strict):
+    """A tool environment episodes run against (grpo.env.v1 ``OpenEpisode``): its name and params."""
+
+    name: str = Field(min_length=1)
+    params: FiniteParams = Field(default_factory=dict)
+
+
+def _environment_spec(value: Any) -> Any:
+    """``calculator`` is ``{name: calculator}``."""
+    return {"name": value} if isinstance(value, str) else value
+
+
+EnvironmentEntry = Annotated[EnvironmentSpec, BeforeValidator(_environment_spec)]
 
 
 class DynamicSamplingConfig(_Strict):
@@ -260,6 +249,17 @@ class TrainingConfig(_Strict):
     device: Literal["cpu", "cuda"] | None = None
     # Per-request generation seed base (step-dependent); None = nondeterministic sampling.
     generation_seed: int | None = None
+    # Multi-turn tool episodes (TRL's names): one environment, or several (a row picks one by its
+    # `environment` column, default the first), served by services.environment or else services.reward.
+    environment: EnvironmentEntry | None = None
+    environments: list[EnvironmentEntry] | None = Field(default=None, min_length=1)
+    # Tool-calling rounds per episode (TRL max_tool_calling_iterations); max_turns counts model turns
+    # (iterations + 1). None = the rollout service's limits.
+    max_tool_calling_iterations: int | None = Field(default=None, ge=0)
+    max_turns: int | None = Field(default=None, ge=1)
+    max_tool_calls: int | None = Field(default=None, ge=0)
+    # Weight of the environment's own reward (GetReward) beside reward_fn's terms; 0 = not a reward term.
+    env_reward_weight: float = Field(default=1.0, ge=0.0)
 
     @field_validator("reward_fn")
     @classmethod
@@ -296,6 +296,27 @@ class TrainingConfig(_Strict):
             )
         return value
 
+    @model_validator(mode="after")
+    def _one_environment_form(self) -> TrainingConfig:
+        if self.environment is not None and self.environments is not None:
+            raise ValueError("set environment or environments, not both")
+        if self.max_tool_calling_iterations is not None and self.max_turns is not None:
+            raise ValueError("set max_tool_calling_iterations or max_turns, not both")
+        return self
+
+    @property
+    def episode_environments(self) -> list[EnvironmentSpec]:
+        """The environments of a tool-using run ([] = single-turn generation)."""
+        if self.environment is not None:
+            return [self.environment]
+        return list(self.environments or [])
+
+    @property
+    def episode_max_turns(self) -> int | None:
+        if self.max_tool_calling_iterations is not None:
+            return self.max_tool_calling_iterations + 1
+        return self.max_turns
+
     @property
     def reward_terms(self) -> list[RewardTerm]:
         """The reward functions and weights this run scores with (``prm_reward`` replaces ``reward_fn``)."""
@@ -328,6 +349,10 @@ class ServicesConfig(_Strict):
 
     reward: str | None = None
     rollout: list[RolloutTargetText] | None = Field(default=None, min_length=1)
+    # Environment service of tool episodes; None = the reward service. A locally spawned rollout service is
+    # configured to dial it; a remote one dials only its own configured targets, named by environment_target.
+    environment: RolloutTargetText | None = None
+    environment_target: str = ""
     admin_token: str | None = None
     admin_token_file: str | None = None
     tls_ca_file: str | None = None

@@ -10,11 +10,13 @@ downloaded.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -137,6 +139,15 @@ class LocalServices:
                 service.stop()
 
 
+def _episode_config(environment: str, log_dir: Path | None) -> Path:
+    """A rollout service config whose episodes dial ``environment`` by default."""
+    directory = log_dir or Path(tempfile.mkdtemp(prefix="rollout-config-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "rollout_service.yaml"
+    path.write_text(json.dumps({"episodes": {"targets": {"default": environment}}}))  # JSON is YAML
+    return path
+
+
 def start_local_services(
     *,
     need_reward: bool,
@@ -147,11 +158,13 @@ def start_local_services(
     env: dict[str, str] | None = None,
     startup_timeout_s: float = 180.0,
     rollout_threads: int | None = None,
+    environment: str | None = None,
 ) -> LocalServices:
     """Start the services a run lacks, side by side, and wait until each is SERVING.
 
     ``rollout_threads``: torch threads of the rollout service (None = torch's default, one per core); an
-    async run on CPU passes ``overlap_threads()[1]``.
+    async run on CPU passes ``overlap_threads()[1]``. ``environment``: the environment service the rollout
+    service's episodes use as their default target; "reward" = the reward service started here.
     """
     services = LocalServices()
     try:
@@ -159,6 +172,12 @@ def start_local_services(
             services.reward = spawn_service("reward_service", log_dir=log_dir, env=env)
         if need_rollout:
             rollout_args = ["--model", str(model), "--engine", engine]
+            if environment is not None:
+                if environment == "reward":
+                    if services.reward is None:
+                        raise ValueError("environment='reward' needs the reward service started here")
+                    environment = services.reward.target
+                rollout_args += ["--config", str(_episode_config(environment, log_dir))]
             rollout_env = {**(env or {}), **thread_env(rollout_threads)}
             services.rollout = spawn_service(
                 "rollout_service", rollout_args, log_dir=log_dir, env=rollout_env

@@ -33,6 +33,7 @@ import grpc
 from grpo_runtime.errors import retry_delay_s
 from grpo_runtime.prompt_groups import prompt_runs
 from trainer_service.config.run_config import RunConfig
+from trainer_service.rollout.episodes import EpisodePlan, episode_fields, tool_metrics
 from trainer_service.rollout.replicas import (
     RolloutReplicas,
     RolloutUnavailable,
@@ -105,13 +106,17 @@ class _Request:
     count: int
     indices: list[int]
     sampling: dict[str, Any]
+    episodes: list[Any] | None = None  # one EpisodeSpec per prompt of a tool-using run
 
 
 def _generate_shard(client: Any, requests: list[_Request], runs: int) -> list[Any]:
     """The completions of one shard's ``runs`` runs, in run order (each request's groups put in place)."""
     results: list[list[Any]] = [[] for _ in range(runs)]
     for request in requests:
-        completions = list(client.generate(request.prompts, n=request.count, sampling=request.sampling))
+        episodes = {"episodes": request.episodes} if request.episodes else {}
+        completions = list(
+            client.generate(request.prompts, n=request.count, sampling=request.sampling, **episodes)
+        )
         if len(completions) != request.count * len(request.indices):
             raise RuntimeError(
                 f"rollout service {client.target} returned {len(completions)} completions for "
@@ -150,8 +155,12 @@ class ServiceRollout:
         num_generations: int,
         *,
         retry_timeout_s: float = 300.0,
+        episodes: EpisodePlan | None = None,
     ):
         self.client = client
+        self.episodes = episodes
+        # tools/* metrics of the last generation batch of a tool-using run (empty otherwise).
+        self.last_tool_metrics: dict[str, float] = {}
         self.retry_timeout_s = retry_timeout_s
         self.sync = sync
         self.sampling = sampling
@@ -220,7 +229,8 @@ class ServiceRollout:
             sampling = self.sampling.for_step(step, self.calls)
             self.calls += 1
             batch = [_as_messages(runs[i][0]) for i in indices]
-            requests.append(_Request(batch, count, indices, sampling.as_dict()))
+            episodes = [self.episodes.spec(runs[i][0]) for i in indices] if self.episodes else None
+            requests.append(_Request(batch, count, indices, sampling.as_dict(), episodes))
         return requests
 
     @property
@@ -244,9 +254,14 @@ class ServiceRollout:
                 tokens, logprobs = len(completion.token_ids), len(completion.logprobs)
                 raise RuntimeError(f"completion {index} has {tokens} tokens but {logprobs} logprobs")
         self.last_versions = [int(c.policy_version) for c in completions]
-        return {
+        out = {
             "prompt_ids": [[int(t) for t in c.prompt_token_ids] for c in completions],
             "completion_ids": [[int(t) for t in c.token_ids] for c in completions],
             "logprobs": [[float(x) for x in c.logprobs] for c in completions],
             "policy_version": self.last_versions,
         }
+        if self.episodes is not None:
+            # env_mask: TRL trains on completion_mask × tool_mask, so tool-result tokens leave the loss.
+            out.update(episode_fields(completions))
+            self.last_tool_metrics = tool_metrics(completions)
+        return out

@@ -20,6 +20,7 @@ from trl import GRPOConfig
 
 from trainer_service.config.run_config import ConfigError, RunConfig
 from trainer_service.config.variants import grpo_config_overrides
+from trainer_service.rollout.episodes import uses_env_reward
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ def build_grpo_config(config: RunConfig, device: Device) -> GRPOConfig:
     """TRL's GRPOConfig from the run config (the variant decides the loss fields)."""
     t = config.training
     terms = t.reward_terms
-    weights = [term.weight for term in terms]
+    weights = [term.weight for term in terms] + ([t.env_reward_weight] if uses_env_reward(config) else [])
     overrides = grpo_config_overrides(
         t.grpo_variant,
         grpo_delta=t.grpo_delta,

@@ -53,6 +53,7 @@ from trainer_service.rollout.cpu_placement import (
     shares_cores_with_rollout,
     trainer_cpu_threads,
 )
+from trainer_service.rollout.episodes import EnvironmentReward, episode_plan, uses_env_reward
 from trainer_service.rollout.replicas import RolloutReplicas
 from trainer_service.rollout.service_rollout import SamplingConfig, ServiceRollout
 from trainer_service.rollout.weight_sync import WeightSync, WeightSyncCallback
@@ -193,6 +194,7 @@ def resolve_services(
         env={"GRPO_ADMIN_TOKEN": token} if token else None,
         startup_timeout_s=s.startup_timeout_s,
         rollout_threads=local_rollout_threads(config, settings.device.type),
+        environment=(s.environment or s.reward or "reward") if config.training.episode_environments else None,
     )
     stack.callback(local.close)
     reward = s.reward if s.reward is not None else local.reward.target
@@ -311,7 +313,10 @@ def _train(
     args = build_grpo_config(config, settings.device)
     model = build_model(config, settings.device)
 
-    reward_funcs = BatchScorer(reward_client, terms).reward_funcs()
+    reward_funcs: list[Any] = BatchScorer(reward_client, terms).reward_funcs()
+    episodes = episode_plan(config, train_dataset, eval_dataset)
+    if uses_env_reward(config):
+        reward_funcs.append(EnvironmentReward())  # its weight is last in reward_weights (build_grpo_config)
 
     replicas = RolloutReplicas(endpoints.rollout_targets, endpoints.rollout)
     stack.callback(replicas.close)
@@ -328,6 +333,7 @@ def _train(
         SamplingConfig.from_run(config),
         t.num_generations,
         retry_timeout_s=config.services.retry_timeout_s,
+        episodes=episodes,
     )
     if t.async_rollout:
         cores = None
@@ -377,6 +383,7 @@ def _train(
                     "policy_version": rollout.last_version,
                     "weight_sync/push_seconds": sync.last_push_seconds if sync.pushes else None,
                     "rollout/replicas": len(sync.ready),
+                    **rollout.last_tool_metrics,
                     **(rollout.metrics() if isinstance(rollout, AsyncServiceRollout) else {}),
                 },
             ),

@@ -1,0 +1,156 @@
+"""Tool episodes on the trainer side: which episode each prompt asks for, and what TRL gets back.
+
+TRL's ``rollout_func`` receives the prompts only, while an environment needs the sample's dataset columns
+(``reset(**row)``): :class:`EpisodePlan` keeps a table from each training/eval prompt to its row's columns,
+built from the datasets, and attaches one :class:`~rollout_service.core.types.EpisodeSpec` per prompt. With
+several ``environments`` a row picks one by its ``environment`` column (default: the first).
+
+Back from the rollout service, each completion carries its ``tool_mask``; :func:`episode_fields` returns it
+as TRL's ``env_mask`` (TRL 1.16 turns it into ``tool_mask`` and trains on ``completion_mask × tool_mask``,
+so tool-result tokens are out of the loss), plus the per-sample ``env_reward`` column that the
+:class:`EnvironmentReward` function reads. :func:`tool_metrics` gives TRL's ``tools/call_frequency`` (tool
+calls per completion) and ``tools/failure_frequency`` (failed calls per call).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from rollout_service.core.types import EpisodeSpec, FinishReason
+from trainer_service.config.run_config import EnvironmentSpec, RunConfig
+
+PROMPT_COLUMNS = ("prompt", "completion", "completion_ids")
+
+
+def prompt_key(prompt: Any) -> str:
+    """A prompt (message list or text) as a lookup key."""
+    return json.dumps(prompt, sort_keys=True, default=str)
+
+
+def _jsonable(value: Any) -> Any:
+    """Struct-safe column values: numbers, strings, bools, None, lists and dicts of those."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, str | bool | int | float):
+        return value
+    return str(value)
+
+
+class EpisodePlan:
+    """One EpisodeSpec per prompt for the run's ``environments``.
+
+    ``max_turns``: model turns per episode (TRL's ``max_tool_calling_iterations`` + 1 when only that is
+    set); ``max_tool_calls``: None = the rollout service's limit; ``target``: the environment service name
+    configured on the rollout service ("" = its default).
+    """
+
+    def __init__(
+        self,
+        environments: Sequence[EnvironmentSpec],
+        rows: Iterable[Mapping[str, Any]],
+        *,
+        max_turns: int | None = None,
+        max_tool_calls: int | None = None,
+        target: str = "",
+    ) -> None:
+        if not environments:
+            raise ValueError("an episode plan needs at least one environment")
+        self._environments = {env.name: env for env in environments}
+        self._default = environments[0].name
+        self._max_turns = max_turns
+        self._max_tool_calls = max_tool_calls
+        self._target = target
+        self._columns: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            key = prompt_key(row["prompt"])
+            columns = {k: _jsonable(v) for k, v in row.items() if k not in PROMPT_COLUMNS}
+            self._columns.setdefault(key, columns)
+
+    def spec(self, prompt: Any) -> EpisodeSpec:
+        metadata = self._columns.get(prompt_key(prompt), {})
+        name = metadata.get("environment") or self._default
+        if name not in self._environments:
+            raise ValueError(
+                f"a row names environment {name!r}, which is not among the run's environments "
+                f"{sorted(self._environments)}"
+            )
+        return EpisodeSpec(
+            environment=name,
+            params=dict(self._environments[name].params),
+            metadata=metadata,
+            max_turns=self._max_turns,
+            max_tool_calls=self._max_tool_calls,
+            target=self._target,
+        )
+
+
+def episode_fields(completions: Sequence[Any]) -> dict[str, list]:
+    """TRL extra keys of episode completions: ``env_mask`` (1 = model token) and ``env_reward`` (None = none).
+
+    A completion whose episode failed (finish ERROR) is kept with its tokens, its reward column None.
+    """
+    for index, completion in enumerate(completions):
+        if len(completion.tool_mask) != len(completion.token_ids):
+            raise RuntimeError(
+                f"completion {index} has {len(completion.token_ids)} tokens but a tool_mask of "
+                f"{len(completion.tool_mask)}; is the rollout service older than the episode contract?"
+            )
+    return {
+        "env_mask": [[int(m) for m in c.tool_mask] for c in completions],
+        "env_reward": [None if c.finish_reason == FinishReason.ERROR else c.env_reward for c in completions],
+    }
+
+
+def tool_metrics(completions: Sequence[Any]) -> dict[str, float]:
+    """TRL's tool metrics over one generation batch, plus the share of episodes that failed."""
+    if not completions:
+        return {}
+    calls = sum(c.tool_call_count for c in completions)
+    failures = sum(c.tool_failure_count for c in completions)
+    errors = sum(c.finish_reason == FinishReason.ERROR for c in completions)
+    return {
+        "tools/call_frequency": calls / len(completions),
+        "tools/failure_frequency": failures / calls if calls else 0.0,
+        "tools/episode_error_frequency": errors / len(completions),
+    }
+
+
+class EnvironmentReward:
+    """TRL reward function reading the ``env_reward`` column the rollout returned (None → NaN in TRL)."""
+
+    __name__ = "env_reward"
+
+    def __call__(
+        self, prompts=None, completions=(), completion_ids=None, **columns: Any
+    ) -> list[float | None]:
+        values = columns.get("env_reward")
+        if values is None:
+            return [None] * len(completions)
+        return [None if v is None else float(v) for v in values]
+
+
+def episode_plan(config: RunConfig, *datasets: Iterable[Mapping[str, Any]] | None) -> EpisodePlan | None:
+    """The run's plan over its train and eval rows, or None for a single-turn run."""
+    t = config.training
+    if not t.episode_environments:
+        return None
+    rows = [row for dataset in datasets if dataset is not None for row in dataset]
+    return EpisodePlan(
+        t.episode_environments,
+        rows,
+        max_turns=t.episode_max_turns,
+        max_tool_calls=t.max_tool_calls,
+        target=config.services.environment_target,
+    )
+
+
+def uses_env_reward(config: RunConfig) -> bool:
+    """Whether the environment's reward is a reward term of the run (after reward_fn's terms)."""
+    return bool(config.training.episode_environments) and config.training.env_reward_weight > 0
