@@ -96,16 +96,43 @@ def _all_finite(value: Any) -> Any:
 FiniteParams = Annotated[dict[str, Any], AfterValidator(_all_finite)]
 
 
+# A data source that generates its rows instead of reading a file: ``reasoning_gym:<task>``.
+GENERATED_PREFIX = "reasoning_gym:"
+
+
+def generated_task(source: str | None) -> str | None:
+    """The reasoning-gym task of a ``data.train``/``data.eval`` value, None when it names a file."""
+    if source is not None and source.startswith(GENERATED_PREFIX):
+        return source[len(GENERATED_PREFIX) :]
+    return None
+
+
+class GeneratedData(_Strict):
+    """Rows of a ``reasoning_gym:<task>`` source: ``size`` entries (eval: ``eval_size``) generated with
+    ``seed`` (eval: ``seed + size``: reasoning-gym draws entry ``i`` from ``Random(seed + i)``, so eval rows
+    are other draws than train rows), the task built with ``config`` (its config dataclass's fields), a system
+    message from reasoning-gym's ``SYSTEM_PROMPTS[system_prompt]`` (None: no system message)."""
+
+    size: int = Field(default=1000, ge=1, le=1_000_000)
+    eval_size: int = Field(default=100, ge=1, le=100_000)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    config: FiniteParams = Field(default_factory=dict)
+    system_prompt: str | None = "default"
+
+
 class DataConfig(_Strict):
     """Where prompts come from and how long they may be.
 
     ``train``/``eval``: a local JSONL, JSON or Parquet file, or a directory written by
-    ``datasets.Dataset.save_to_disk`` (a ``DatasetDict`` directory takes its ``train``/``test`` split).
+    ``datasets.Dataset.save_to_disk`` (a ``DatasetDict`` directory takes its ``train``/``test`` split), or
+    ``reasoning_gym:<task>``: rows reasoning-gym generates as the ``reasoning_gym`` block says
+    (:class:`GeneratedData`).
     ``format``: ``auto`` detects per row; the others force one of soup-cli's layouts.
     """
 
     train: str
     eval: str | None = None
+    reasoning_gym: GeneratedData = Field(default_factory=GeneratedData)
     format: Literal["auto", "messages", "prompt", "dpo", "alpaca"] = "auto"
     # Longest prompt + completion in tokens, as in soup-cli; also the default completion length.
     max_length: int = Field(default=512, ge=8)
