@@ -6,12 +6,15 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from grpo.env.v1 import env_pb2, env_pb2_grpc
 from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 
 from grpo_runtime.config import ConfigError
 from grpo_runtime.server import Cleanup, ServiceBinding
+from reward_service.api.environment import EnvironmentServicer
 from reward_service.api.reward import RewardServicer
 from reward_service.core.scorer import ScoreLimits, Scorer
+from reward_service.environments.host import EnvironmentHost, start_environments
 from reward_service.http.app import HttpEndpoint
 from reward_service.mathverify.pool import MathVerifyPool
 from reward_service.rewards.base import ThreadRunner
@@ -55,6 +58,7 @@ class RewardService:
     registry: ModelRegistry | None
     settings: RewardSettings
     text_threads: ThreadPoolExecutor
+    environments: EnvironmentHost | None = None
 
     def bindings(self) -> list[ServiceBinding]:
         bindings = [
@@ -68,6 +72,14 @@ class RewardService:
                 else (),
             )
         ]
+        if self.environments is not None:
+            bindings.append(
+                ServiceBinding(
+                    servicer=EnvironmentServicer(self.environments.episodes),
+                    add_to_server=env_pb2_grpc.add_EnvironmentServiceServicer_to_server,
+                    descriptor=env_pb2.DESCRIPTOR.services_by_name["EnvironmentService"],
+                )
+            )
         if self.registry is not None:
             bindings.append(
                 ServiceBinding(
@@ -80,6 +92,8 @@ class RewardService:
         return bindings
 
     async def close(self) -> None:
+        if self.environments is not None:
+            await self.environments.close()
         if self.registry is not None:
             await self.registry.close()
         await self.pool.close()
@@ -100,11 +114,20 @@ async def start_reward_service(settings: RewardSettings) -> RewardService:
         registry = None
     else:
         registry = ModelRegistry(settings.models)
+    environments = None
     try:
         sandbox, available, status = await open_sandbox(settings)
+        # The `python` tool runs in the same sandbox as the `code` reward.
+        environments = (
+            start_environments(settings.environments, sandbox, status)
+            if settings.environments.enabled
+            else None
+        )
         if registry is not None:
             await registry.start()
     except BaseException:
+        if environments is not None:
+            await environments.close()
         await pool.close()
         if registry is not None:
             await registry.close()
@@ -125,7 +148,12 @@ async def start_reward_service(settings: RewardSettings) -> RewardService:
         ),
     )
     return RewardService(
-        scorer=scorer, pool=pool, registry=registry, settings=settings, text_threads=text_threads
+        scorer=scorer,
+        pool=pool,
+        registry=registry,
+        settings=settings,
+        text_threads=text_threads,
+        environments=environments,
     )
 
 

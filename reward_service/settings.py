@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from grpo_runtime.config import ConfigError, format_validation_error
+from reward_service.environments.settings import EnvironmentSettings
 from reward_service.http.settings import HttpSettings
 from reward_service.mathverify.settings import MathVerifySettings
 from reward_service.models.settings import ModelSettings
@@ -63,6 +64,7 @@ class RewardSettings(BaseModel):
     mathverify: MathVerifySettings = Field(default_factory=MathVerifySettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     models: ModelSettings = Field(default_factory=ModelSettings)
+    environments: EnvironmentSettings = Field(default_factory=EnvironmentSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
 
 

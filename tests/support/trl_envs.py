@@ -102,3 +102,18 @@ class Untyped:
     def tool(self, x):
         """A tool without type hints, which get_json_schema refuses."""
         return x
+
+
+class Echo:
+    """Echoes text; no reward of its own."""
+
+    def reset(self, **columns) -> None:
+        return None
+
+    def echo(self, text: str) -> str:
+        """Returns its argument.
+
+        Args:
+            text: What to return.
+        """
+        return text

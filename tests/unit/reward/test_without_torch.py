@@ -27,4 +27,5 @@ asyncio.run(main())
 def test_reward_service_starts_without_torch():
     done = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "None ['grpo.reward.v1.RewardService'] True"
+    services = "['grpo.reward.v1.RewardService', 'grpo.env.v1.EnvironmentService']"
+    assert done.stdout.strip() == f"None {services} True"
