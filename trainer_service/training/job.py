@@ -57,6 +57,7 @@ from trainer_service.rollout.episodes import EnvironmentReward, episode_plan, us
 from trainer_service.rollout.replicas import RolloutReplicas
 from trainer_service.rollout.service_rollout import SamplingConfig, ServiceRollout
 from trainer_service.rollout.weight_sync import WeightSync, WeightSyncCallback
+from trainer_service.training.batch_sizing import resolve_batch_size
 from trainer_service.training.builders import (
     Device,
     build_grpo_config,
@@ -257,6 +258,7 @@ def run_job(
     # Read the data first: a missing file or a malformed row fails before any service is started.
     rows = {split: read_split(config.data, split=split) for split in ("train", "eval")}
     settings = JobSettings.of(config)
+    config, _ = resolve_batch_size(config, settings.device)
     checkpoint = resolve_checkpoint(config, resume)
     with ExitStack() as stack:
         endpoints = resolve_services(config, settings, stack, sink)
