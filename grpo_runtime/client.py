@@ -18,15 +18,22 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Self, TypeVar
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from grpo_runtime.auth import AUTHORIZATION_KEY, bearer_metadata
+from grpo_runtime.call_errors import UnavailableError, call_error
 from grpo_runtime.config import MiB
+from grpo_runtime.retry import RetryPolicy, call_with_retry
 from grpo_runtime.tls import channel_credentials
+
+T = TypeVar("T")
 
 
 class ChannelConfig(BaseModel):
@@ -254,3 +261,123 @@ def create_sync_channel(cfg: ChannelConfig | str) -> grpc.Channel:
     else:
         channel = grpc.insecure_channel(cfg.target, options=options)
     return grpc.intercept_channel(channel, _SyncCallDefaults(_token(cfg), cfg.default_timeout_s))
+
+
+class ServiceClient:
+    """Base of the services' blocking clients (``RewardClient``, ``RolloutClient``, ``TrainerClient``).
+
+    They all behave alike: the channel (:func:`create_sync_channel`) opens at the first call, not in the
+    constructor; every call gets ``timeout_s`` as its deadline unless it passes its own; a failed call raises
+    the :class:`~grpo_runtime.call_errors.ServiceCallError` for its status; and a retryable failure is
+    retried by :func:`~grpo_runtime.retry.call_with_retry` within ``retry_budget_s`` (0: the channel's own
+    quick UNAVAILABLE retries only). A client pickles as its settings (a reward function shipped to a
+    spawned process opens its own channel there).
+
+    ``target``: ``host:port`` or a :class:`ChannelConfig`; ``admin_token`` overrides the config's.
+    """
+
+    service_name: ClassVar[str] = "service"
+    stub_class: ClassVar[type]
+    # Backoff of the client's own retries (the budget comes from retry_budget_s).
+    initial_backoff_s: ClassVar[float] = 0.2
+    max_backoff_s: ClassVar[float] = 5.0
+
+    def __init__(
+        self,
+        target: str | ChannelConfig,
+        *,
+        admin_token: str | None = None,
+        timeout_s: float | None = None,
+        retry_budget_s: float = 0.0,
+    ) -> None:
+        cfg = _as_config(target)
+        if admin_token is not None:
+            cfg = ChannelConfig.model_validate({**cfg.model_dump(), "admin_token": admin_token})
+        self._config = cfg
+        self.target = cfg.target
+        self.timeout_s = timeout_s
+        self.retry = RetryPolicy(
+            budget_s=retry_budget_s,
+            initial_backoff_s=self.initial_backoff_s,
+            max_backoff_s=self.max_backoff_s,
+        )
+        self._channel: grpc.Channel | None = None
+        self._stub: Any = None
+
+    @property
+    def channel(self) -> grpc.Channel:
+        """The channel, opened on first use."""
+        if self._channel is None:
+            self._channel = create_sync_channel(self._config)
+        return self._channel
+
+    @property
+    def stub(self) -> Any:
+        if self._stub is None:
+            self._stub = self.stub_class(self.channel)
+        return self._stub
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Block until the channel connects; :class:`~grpo_runtime.call_errors.UnavailableError` after
+        ``timeout_s`` seconds."""
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
+        except grpc.FutureTimeoutError:
+            raise UnavailableError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"{self.target} did not connect within {timeout_s:g} s",
+                service=self.service_name,
+            ) from None
+
+    def serving_status(self, service: str = "", *, timeout_s: float | None = None) -> str:
+        """The gRPC health status of ``service`` ("" = the whole server): "SERVING", "NOT_SERVING", ..."""
+        request = health_pb2.HealthCheckRequest(service=service)
+        check = health_pb2_grpc.HealthStub(self.channel).Check
+        reply = self._call(check, request, timeout_s=timeout_s, what="Check")
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = self._stub = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_channel": None, "_stub": None}
+
+    def _call(
+        self, method: str | Callable[..., T], request: Any, *, timeout_s: float | None = None, what: str = ""
+    ) -> T:
+        """Call ``method`` (the name of an RPC of :attr:`stub`, or a callable made from :attr:`channel`) with
+        ``request``, retried within the budget; a failure raises its ServiceCallError. ``request`` may be a
+        function returning the request (a fresh request iterator for each attempt of a client stream)."""
+        timeout = timeout_s if timeout_s is not None else self.timeout_s
+        name = method if isinstance(method, str) else what
+
+        def attempt() -> T:
+            rpc = getattr(self.stub, method) if isinstance(method, str) else method
+            try:
+                return rpc(request() if callable(request) else request, timeout=timeout)
+            except grpc.RpcError as error:
+                raise call_error(error, self.service_name) from error
+
+        return call_with_retry(attempt, self.retry, what=name or "call", logger=self._log)
+
+    @property
+    def _log(self) -> logging.Logger:
+        return logging.getLogger(type(self).__module__)
+
+    def _stream(self, method: str, request: Any, *, timeout_s: float | None = None) -> Iterator[Any]:
+        """The messages of the server-streaming RPC ``method``; a failure, also mid-stream, raises its
+        ServiceCallError. The client's ``timeout_s`` (meant for one call) does not bound a stream, which lasts
+        as long as what it watches; ``timeout_s`` here does. Not retried: the messages seen would come
+        again."""
+        try:
+            yield from getattr(self.stub, method)(request, timeout=timeout_s)
+        except grpc.RpcError as error:
+            raise call_error(error, self.service_name) from error

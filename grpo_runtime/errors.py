@@ -118,25 +118,3 @@ class Unimplemented(ServiceError):
     """The RPC or the requested option is not supported by this server or engine."""
 
     code = grpc.StatusCode.UNIMPLEMENTED
-
-
-def retry_delay_s(error: grpc.RpcError) -> float | None:
-    """How long a failed call asks to wait before a retry, or None when it is not worth retrying.
-
-    UNAVAILABLE (a restarting or unreachable server) is always retryable, with no wait of its own (0.0: the
-    caller's backoff decides); RESOURCE_EXHAUSTED only when the server sent the pushback trailer (a transient
-    concurrency bound, :class:`ResourceExhausted` with ``retry_after_s``), after the wait it names.
-    """
-    code = error.code() if hasattr(error, "code") else None
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return 0.0
-    if code != grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return None
-    trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
-    for key, value in trailers or ():
-        if key == RETRY_PUSHBACK_KEY:
-            try:
-                return max(0.0, int(value) / 1000)
-            except ValueError:
-                return None
-    return None

@@ -8,26 +8,46 @@
 ``f(prompts, completions, completion_ids=None, **columns) -> list[float | None]``: one Score call per trainer
 step for the whole batch; ``None`` where the service gave no value (TRL turns it into NaN). It never returns
 made-up zeros: when the service stays unreachable it raises.
+
+A failed call raises the :class:`~grpo_runtime.call_errors.ServiceCallError` of its status
+(InvalidArgumentError naming the field, ResourceExhaustedError, UnavailableError, ...).
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import grpc
+from google.protobuf import json_format
 from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 
-from grpo_runtime.client import ChannelConfig, create_sync_channel
-from grpo_runtime.errors import retry_delay_s
+from grpo_runtime.client import ChannelConfig, ServiceClient
 from grpo_runtime.prompt_groups import prompt_runs
-from reward_service.api import convert
-from reward_service.core.types import Message, RewardRequest, Sample, SampleResult
+from reward_service.core.types import (
+    ComponentResult,
+    Message,
+    ParamInfo,
+    RewardDescription,
+    RewardRequest,
+    Sample,
+    SampleResult,
+)
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "ComponentResult",
+    "Message",
+    "ParamInfo",
+    "RewardClient",
+    "RewardDescription",
+    "RewardRequest",
+    "Sample",
+    "SampleResult",
+    "TrlRewardFunction",
+    "json_safe",
+    "to_reward_request",
+    "trl_samples",
+]
 
 # Keyword arguments TRL passes to reward functions that are not dataset columns.
 TRL_NON_COLUMNS = frozenset(
@@ -35,15 +55,6 @@ TRL_NON_COLUMNS = frozenset(
 )
 
 RewardSpecLike = str | RewardRequest | tuple[str, float] | tuple[str, float, Mapping[str, Any]]
-
-
-class RewardServiceError(RuntimeError):
-    """A Score call failed; ``code`` is the gRPC status code."""
-
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(f"reward service: {code.name}: {details}")
-        self.code = code
-        self.details = details
 
 
 def to_reward_request(spec: RewardSpecLike) -> RewardRequest:
@@ -128,68 +139,38 @@ def trl_samples(
     ]
 
 
-class RewardClient:
-    """Blocking client of RewardService (TRL calls reward functions synchronously).
+class RewardClient(ServiceClient):
+    """Blocking client of RewardService (TRL calls reward functions synchronously; :class:`ServiceClient`).
 
-    ``timeout_s`` is the deadline of one Score call. UNAVAILABLE is retried by the channel's retry policy and,
-    beyond it, here until ``retry_budget_s`` has passed (a restarting service); RESOURCE_EXHAUSTED is retried
-    within the same budget only when the server marked it transient (its concurrency bound, with a pushback
-    trailer): a request over a size limit fails at once. Then the call raises RewardServiceError.
+    ``timeout_s`` is the deadline of one call. UNAVAILABLE and DEADLINE_EXCEEDED are retried by the channel's
+    retry policy and, beyond it, here until ``retry_budget_s`` has passed (a restarting service);
+    RESOURCE_EXHAUSTED is retried within the same budget only when the server marked it transient (its
+    concurrency bound, with a pushback trailer): a request over a size limit fails at once. Then the call
+    raises its ServiceCallError.
     """
 
+    service_name = "reward service"
+    stub_class = reward_pb2_grpc.RewardServiceStub
+
     def __init__(
-        self, target: str | ChannelConfig, *, timeout_s: float = 300.0, retry_budget_s: float = 60.0
+        self,
+        target: str | ChannelConfig,
+        *,
+        admin_token: str | None = None,
+        timeout_s: float = 300.0,
+        retry_budget_s: float = 60.0,
     ):
-        self._config = ChannelConfig(target=target) if isinstance(target, str) else target
-        self.timeout_s = timeout_s
-        self.retry_budget_s = retry_budget_s
-        self._channel: grpc.Channel | None = None
-        self._stub: reward_pb2_grpc.RewardServiceStub | None = None
-
-    def _service(self) -> reward_pb2_grpc.RewardServiceStub:
-        if self._stub is None:
-            self._channel = create_sync_channel(self._config)
-            self._stub = reward_pb2_grpc.RewardServiceStub(self._channel)
-        return self._stub
-
-    def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-        self._channel = self._stub = None
-
-    def __enter__(self) -> RewardClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # A reward function may be pickled into a spawned process (TRL's async rollout worker): ship the config.
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_channel": None, "_stub": None}
-
-    def _call(self, method: str, request: Any) -> Any:
-        deadline = time.monotonic() + self.retry_budget_s
-        delay = 0.2
-        while True:
-            try:
-                return getattr(self._service(), method)(request, timeout=self.timeout_s)
-            except grpc.RpcError as exc:
-                code, details = exc.code(), exc.details() or ""
-                pushback = retry_delay_s(exc)
-                wait = max(delay, pushback or 0.0)
-                if pushback is None or time.monotonic() + wait > deadline:
-                    raise RewardServiceError(code, details) from exc
-                log.warning("reward service %s (%s); retrying in %.1fs", code.name, details, wait)
-                time.sleep(wait)
-                delay = min(delay * 2, 5.0)
+        super().__init__(target, admin_token=admin_token, timeout_s=timeout_s, retry_budget_s=retry_budget_s)
 
     def score(self, samples: Sequence[Sample], rewards: Sequence[RewardSpecLike]) -> list[SampleResult]:
         """Scores ``samples`` with ``rewards``; one result per sample, in order."""
-        request = convert.score_request_message(samples, [to_reward_request(r) for r in rewards])
-        return convert.sample_results(self._call("Score", request))
+        request = _score_request_message(samples, [to_reward_request(r) for r in rewards])
+        return _sample_results(self._call("Score", request))
 
-    def list_rewards(self) -> reward_pb2.ListRewardsResponse:
-        return self._call("ListRewards", reward_pb2.ListRewardsRequest())
+    def list_rewards(self) -> list[RewardDescription]:
+        """Every reward the service offers (rule rewards, loaded models), in the service's order."""
+        response = self._call("ListRewards", reward_pb2.ListRewardsRequest())
+        return [_reward_description(info) for info in response.rewards]
 
     def as_reward_func(self, spec: RewardSpecLike) -> TrlRewardFunction:
         """A TRL reward function computing ``spec``; its ``__name__`` is the reward name, so TRL logs
@@ -221,3 +202,72 @@ class TrlRewardFunction:
         if callable(log_extra) and any(errors):
             log_extra(f"{self.__name__}_error", errors)
         return [result.reward for result in results]
+
+
+# protobuf ↔ domain for the client's side of each message: request from domain objects, response read back.
+# (The server's side of the same messages is reward_service.api.convert, which this client does not import.)
+
+
+def _sample_message(s: Sample) -> reward_pb2.Sample:
+    message = reward_pb2.Sample(
+        id=s.id, completion=s.completion, completion_ids=list(s.completion_ids), group=s.group
+    )
+    for m in s.prompt:
+        message.prompt.add(role=m.role, content=m.content)
+    if s.metadata:
+        message.metadata.update(s.metadata)
+    return message
+
+
+def _score_request_message(
+    samples: Sequence[Sample], rewards: Sequence[RewardRequest]
+) -> reward_pb2.ScoreRequest:
+    request = reward_pb2.ScoreRequest(samples=[_sample_message(s) for s in samples])
+    for r in rewards:
+        spec = request.rewards.add(name=r.name, weight=r.weight)
+        if r.params:
+            spec.params.update(r.params)
+    return request
+
+
+def _sample_results(response: reward_pb2.ScoreResponse) -> list[SampleResult]:
+    return [
+        SampleResult(
+            id=score.id,
+            reward=score.reward if score.HasField("reward") else None,
+            components=[
+                (
+                    c.name,
+                    ComponentResult(
+                        value=c.value if c.HasField("value") else None,
+                        step_scores=list(c.step_scores),
+                        error=c.error,
+                    ),
+                )
+                for c in score.components
+            ],
+        )
+        for score in response.scores
+    ]
+
+
+def _reward_description(info: reward_pb2.RewardInfo) -> RewardDescription:
+    return RewardDescription(
+        name=info.name,
+        description=info.description,
+        params=tuple(
+            ParamInfo(
+                name=p.name,
+                type=p.type,
+                default=json_format.MessageToDict(p.default_value) if p.HasField("default_value") else None,
+                description=p.description,
+            )
+            for p in info.params
+        ),
+        required_metadata=tuple(info.required_metadata),
+        min_value=info.min_value if info.HasField("min_value") else None,
+        max_value=info.max_value if info.HasField("max_value") else None,
+        group_aware=info.group_aware,
+        available=info.available,
+        status=info.status,
+    )

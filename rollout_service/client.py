@@ -31,9 +31,12 @@ max_tokens, stop, seed, repetition_penalty, min_tokens.
 Weights are streamed from the tensors' own memory (no serialized copy of the file is built), so
 they must not change while a push runs.
 
-Errors are ``grpc.RpcError`` with the service's status: INVALID_ARGUMENT (details name the
-field), FAILED_PRECONDITION (asleep, or weights discarded by a level-2 sleep), UNAUTHENTICATED
-(admin RPCs without the token), DEADLINE_EXCEEDED / CANCELLED.
+A failed call raises the :class:`~grpo_runtime.call_errors.ServiceCallError` of its status:
+InvalidArgumentError (``field`` names the field), FailedPreconditionError (asleep, or weights
+discarded by a level-2 sleep), UnauthenticatedError (admin RPCs without the token),
+UnavailableError, DeadlineExceededError. The channel opens at the first call; calls are retried
+only by the channel (UNAVAILABLE) unless ``retry_budget_s`` is set, because the trainer redoes a
+whole generation step instead (:mod:`trainer_service.rollout.service_rollout`).
 """
 
 from __future__ import annotations
@@ -43,12 +46,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import grpc
 import torch
 from grpo.common.v1 import common_pb2
 from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
-from grpo_runtime.client import ChannelConfig, create_sync_channel
+from grpo_runtime.client import ChannelConfig, ServiceClient
 from rollout_service.core.payload import EncodedPayload, encode
 from rollout_service.core.types import (
     CompletionResult,
@@ -85,13 +87,16 @@ __all__ = [
 ]
 
 
-class RolloutClient:
-    """Blocking client of ``grpo.rollout.v1.RolloutService``.
+class RolloutClient(ServiceClient):
+    """Blocking client of ``grpo.rollout.v1.RolloutService`` (:class:`ServiceClient`).
 
     ``target``: "host:port" or a :class:`ChannelConfig` (TLS, retries, message limits).
     ``admin_token``: bearer token for the admin RPCs (weights, sleep, wake) when the server
     requires one. ``timeout_s``: default deadline per call (None = none).
     """
+
+    service_name = "rollout service"
+    stub_class = rollout_pb2_grpc.RolloutServiceStub
 
     def __init__(
         self,
@@ -99,37 +104,21 @@ class RolloutClient:
         *,
         admin_token: str | None = None,
         timeout_s: float | None = None,
+        retry_budget_s: float = 0.0,
         chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
-        cfg = target if isinstance(target, ChannelConfig) else ChannelConfig(target=target)
-        if admin_token is not None:
-            cfg = ChannelConfig.model_validate({**cfg.model_dump(), "admin_token": admin_token})
-        self.target = cfg.target
-        self._channel = create_sync_channel(cfg)
-        self._stub = rollout_pb2_grpc.RolloutServiceStub(self._channel)
-        # UpdateWeights with chunks encoded here (see _encoded_chunks): the generated stub would
-        # copy every chunk into a message and again when serializing it.
-        self._update_weights = self._channel.stream_unary(
+        super().__init__(target, admin_token=admin_token, timeout_s=timeout_s, retry_budget_s=retry_budget_s)
+        self._chunk_bytes = chunk_bytes
+
+    def _update_weights(self, chunks: Iterator[bytes], timeout: float | None) -> Any:
+        """UpdateWeights with chunks encoded here (see _encoded_chunks): the generated stub would
+        copy every chunk into a message and again when serializing it."""
+        rpc = self.channel.stream_unary(
             UPDATE_WEIGHTS,
             request_serializer=None,
             response_deserializer=rollout_pb2.UpdateWeightsResponse.FromString,
         )
-        self._timeout_s = timeout_s
-        self._chunk_bytes = chunk_bytes
-
-    # ------------------------------------------------------------- lifecycle
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
-        """Block until the channel connects (raises grpc.FutureTimeoutError after ``timeout_s``)."""
-        grpc.channel_ready_future(self._channel).result(timeout=timeout_s)
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def __enter__(self) -> RolloutClient:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        return rpc(chunks, timeout=timeout)
 
     # -------------------------------------------------------------- generate
     def generate(
@@ -156,7 +145,7 @@ class RolloutClient:
             n=n,
             sampling=_sampling(sampling or {}),
         )
-        response = self._stub.Generate(request, timeout=timeout_s or self._timeout_s)
+        response = self._call("Generate", request, timeout_s=timeout_s)
         return [_completion(c) for c in response.completions]
 
     # --------------------------------------------------------------- weights
@@ -190,8 +179,12 @@ class RolloutClient:
             total_bytes=payload.nbytes,
             sha256=payload.sha256,  # the header goes first, so the whole payload is hashed first
         )
-        response = self._update_weights(
-            self._encoded_chunks(payload, header.SerializeToString()), timeout=timeout_s or self._timeout_s
+        header_bytes = header.SerializeToString()
+        response = self._call(
+            self._update_weights,
+            lambda: self._encoded_chunks(payload, header_bytes),
+            timeout_s=timeout_s,
+            what="UpdateWeights",
         )
         return WeightsApplied(
             response.policy_version, response.tensors_loaded, response.apply_seconds, response.bytes_received
@@ -247,26 +240,25 @@ class RolloutClient:
     ) -> WeightsApplied:
         """Load weights from a directory the server can read (format detected when None)."""
         fmt = WeightFormat.UNSPECIFIED if format is None else _weight_format(format)
-        response = self._stub.LoadWeights(
+        response = self._call(
+            "LoadWeights",
             rollout_pb2.LoadWeightsRequest(path=str(path), version=version, format=int(fmt)),
-            timeout=timeout_s or self._timeout_s,
+            timeout_s=timeout_s,
         )
         return WeightsApplied(response.policy_version, response.tensors_loaded, response.apply_seconds)
 
     # ---------------------------------------------------------- sleep/status
     def sleep(self, level: int = 1, *, timeout_s: float | None = None) -> SleepResult:
-        r = self._stub.Sleep(rollout_pb2.SleepRequest(level=level), timeout=timeout_s or self._timeout_s)
+        r = self._call("Sleep", rollout_pb2.SleepRequest(level=level), timeout_s=timeout_s)
         return SleepResult(r.level, _memory(r.memory_before), _memory(r.memory_after))
 
     def wake_up(self, tags: Sequence[str] = (), *, timeout_s: float | None = None) -> WakeResult:
         """Wake ``tags`` ("weights", "kv_cache"); empty = everything."""
-        r = self._stub.WakeUp(
-            rollout_pb2.WakeUpRequest(tags=list(tags)), timeout=timeout_s or self._timeout_s
-        )
+        r = self._call("WakeUp", rollout_pb2.WakeUpRequest(tags=list(tags)), timeout_s=timeout_s)
         return WakeResult(r.weights_valid, _memory(r.memory), r.wake_seconds)
 
     def status(self, *, timeout_s: float | None = None) -> StatusInfo:
-        r = self._stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=timeout_s or self._timeout_s)
+        r = self._call("GetStatus", rollout_pb2.GetStatusRequest(), timeout_s=timeout_s)
         return StatusInfo(
             engine=r.engine,
             device=r.device,

@@ -19,12 +19,10 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-import grpc
 import yaml
-from grpo.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
-from grpo_runtime.client import create_sync_channel
-from trainer_service.api import convert
+from grpo_runtime.call_errors import ServiceCallError
+from trainer_service.client import TrainerClient
 from trainer_service.config.run_config import ConfigError, RunConfig, load_config
 from trainer_service.core.output_dir import completed_resume, record_completion
 from trainer_service.core.types import JobEvent, RunState, discard
@@ -143,18 +141,16 @@ def _demo_trainer_settings(config: RunConfig) -> dict[str, Any]:
 
 def _drive(target: str, config_yaml: str) -> JobEvent:
     """StartRun, then draw WatchRun's events until the run ends; returns the final event."""
-    with create_sync_channel(target) as channel:
-        stub = trainer_pb2_grpc.TrainerServiceStub(channel)
-        run_id = stub.StartRun(trainer_pb2.StartRunRequest(config_yaml=config_yaml)).run_id
+    with TrainerClient(target, timeout_s=None) as trainer:
+        run_id = trainer.start_run(config_yaml)
         final = JobEvent(step=0, total_steps=0, state=RunState.PENDING)
         try:
             with ProgressSink() as sink:
-                for message in stub.WatchRun(trainer_pb2.WatchRunRequest(run_id=run_id)):
-                    final = convert.job_event(message)
+                for final in trainer.watch_run(run_id):
                     sink(final)
         except KeyboardInterrupt:
-            stub.StopRun(trainer_pb2.StopRunRequest(run_id=run_id))
+            trainer.stop_run(run_id)
             raise
-        except grpc.RpcError as error:
-            print(f"trainer_service: watch failed: {error.code().name} {error.details()}", file=sys.stderr)
+        except ServiceCallError as error:
+            print(f"trainer_service: watch failed: {error.code.name} {error.details}", file=sys.stderr)
         return final

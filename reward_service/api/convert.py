@@ -11,7 +11,6 @@ from grpo.reward.v1 import reward_pb2
 
 from grpo_runtime.errors import InvalidArgument
 from reward_service.core.types import (
-    ComponentResult,
     Message,
     RewardDescription,
     RewardRequest,
@@ -128,49 +127,3 @@ def list_rewards_response(descriptions: Sequence[RewardDescription]) -> reward_p
                 name=p.name, type=p.type, default_value=_json_value(p.default), description=p.description
             )
     return response
-
-
-# Client side: domain → request, response → domain.
-
-
-def sample_message(s: Sample) -> reward_pb2.Sample:
-    message = reward_pb2.Sample(
-        id=s.id, completion=s.completion, completion_ids=list(s.completion_ids), group=s.group
-    )
-    for m in s.prompt:
-        message.prompt.add(role=m.role, content=m.content)
-    if s.metadata:
-        message.metadata.update(s.metadata)
-    return message
-
-
-def score_request_message(
-    samples: Sequence[Sample], rewards: Sequence[RewardRequest]
-) -> reward_pb2.ScoreRequest:
-    request = reward_pb2.ScoreRequest(samples=[sample_message(s) for s in samples])
-    for r in rewards:
-        spec = request.rewards.add(name=r.name, weight=r.weight)
-        if r.params:
-            spec.params.update(r.params)
-    return request
-
-
-def sample_results(response: reward_pb2.ScoreResponse) -> list[SampleResult]:
-    return [
-        SampleResult(
-            id=score.id,
-            reward=score.reward if score.HasField("reward") else None,
-            components=[
-                (
-                    c.name,
-                    ComponentResult(
-                        value=c.value if c.HasField("value") else None,
-                        step_scores=list(c.step_scores),
-                        error=c.error,
-                    ),
-                )
-                for c in score.components
-            ],
-        )
-        for score in response.scores
-    ]

@@ -3,7 +3,7 @@
 Layers, lowest first; a module may import its own layer and the ones below, never one above:
 
     0  config/, core/types.py, settings.py      plain configuration and domain types (no torch, TRL, gRPC)
-    1  local/                                    starting services on this machine, the progress bar
+    1  local/, client.py                         starting local services, the progress bar; TrainerClient
     2  rollout/                                  TRL's rollout_func, async prefetch, weight sync, replicas
     3  training/                                 the job, builders, loss variants, importance sampling
     4  core/ (runs, worker)                      runs in worker processes
@@ -31,6 +31,7 @@ LAYERS = {
     "trainer_service.core.types": 0,
     "trainer_service.settings": 0,
     "trainer_service.local": 1,
+    "trainer_service.client": 1,
     "trainer_service.rollout": 2,
     "trainer_service.training": 3,
     "trainer_service.core": 4,
@@ -111,6 +112,52 @@ def test_only_entry_points_use_the_api_package(module):
     found = imports(MODULES[module])
     users = [f"line {line}: {imported}" for line, imported in found if ".api." in f".{imported}."]
     assert not users, f"{module} imports an api package: {users}"
+
+
+SERVICES = ("reward_service", "rollout_service", "trainer_service")
+CLIENTS = {service: ROOT / service / "client.py" for service in SERVICES}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_the_trainer_reaches_other_services_only_through_their_clients(module):
+    """The reward and rollout services are used through ``<service>.client`` (which re-exports the domain
+    types and helpers it takes and returns), never through their servers' modules."""
+    others = [
+        f"line {line}: {imported}"
+        for line, imported in imports(MODULES[module])
+        if imported.split(".")[0] in ("reward_service", "rollout_service")
+        and not (imported + ".").startswith(f"{imported.split('.')[0]}.client.")
+    ]
+    assert not others, f"{module} imports another service's internals: {others}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_grpc_errors_stay_inside_the_clients(module):
+    """Callers catch the clients' ServiceCallError family; only gRPC's own layer handles grpc.RpcError."""
+    if module in ("trainer_service.api.servicer", "trainer_service.server"):
+        return
+    assert "RpcError" not in MODULES[module].read_text(), f"{module} handles grpc.RpcError itself"
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_clients_import_no_api_package(service):
+    """A client converts its own side of each message: importing it never loads a server's api package."""
+    found = imports(CLIENTS[service])
+    users = [f"line {line}: {imported}" for line, imported in found if ".api." in f".{imported}."]
+    assert not users, f"{service}.client imports an api package: {users}"
+
+
+def test_importing_the_clients_loads_no_servicer():
+    code = (
+        "import json, sys\n"
+        "import reward_service.client, rollout_service.client, trainer_service.client\n"
+        f"loaded = [m for m in sys.modules if m.split('.')[0] in {SERVICES!r} and '.api' in m]\n"
+        "print(json.dumps(sorted(loaded)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
 
 def test_importing_the_config_package_loads_no_torch_or_trl():

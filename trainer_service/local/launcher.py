@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpo_runtime.call_errors import ServiceCallError
+from grpo_runtime.client import ChannelConfig, ServiceClient
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -37,18 +37,17 @@ def wait_serving(target: str, process: subprocess.Popen | None, timeout_s: float
     """Poll the gRPC health check of ``target`` until SERVING; raise if the process dies or time runs out."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
+    # One attempt per poll: the loop is the retry.
+    with ServiceClient(ChannelConfig(target=target, retry_max_attempts=1)) as client:
         while time.monotonic() < deadline:
             if process is not None and process.poll() is not None:
                 raise RuntimeError(f"{name} exited with code {process.returncode} before it was ready")
             try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                last = client.serving_status(timeout_s=2.0)
+                if last == "SERVING":
                     return
-                last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-            except grpc.RpcError as error:
-                last = error.code().name
+            except ServiceCallError as error:
+                last = error.code.name
             time.sleep(0.2)
     raise TimeoutError(f"{name} at {target} was not SERVING within {timeout_s:.0f} s (last: {last})")
 

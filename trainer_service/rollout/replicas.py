@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from grpo_runtime.client import ChannelConfig
+from grpo_runtime.retry import is_retryable
 from rollout_service.client import RolloutClient
 from trainer_service.config.rollout_targets import parse_target
 
@@ -41,6 +42,11 @@ T = TypeVar("T")
 
 class RolloutUnavailable(RuntimeError):
     """A rollout replica could not be reached (down, restarting, or no replica at all); retry later."""
+
+
+def may_recover(error: BaseException) -> bool:
+    """A failure that waiting may fix: a retryable call error of a replica, or no replica to call now."""
+    return isinstance(error, RolloutUnavailable) or is_retryable(error)
 
 
 @dataclass(frozen=True)

@@ -23,21 +23,19 @@ replica.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
-from grpo_runtime.errors import retry_delay_s
 from grpo_runtime.prompt_groups import prompt_runs
+from grpo_runtime.retry import RetryPolicy, call_with_retry
 from trainer_service.config.run_config import RunConfig
 from trainer_service.rollout.episodes import EpisodePlan, episode_fields, tool_metrics
 from trainer_service.rollout.replicas import (
     RolloutReplicas,
     RolloutUnavailable,
     first_error,
+    may_recover,
     merge_shards,
     settle,
     shard_bounds,
@@ -45,10 +43,6 @@ from trainer_service.rollout.replicas import (
 from trainer_service.rollout.weight_sync import WeightSync
 
 log = logging.getLogger(__name__)
-
-# Status codes of a service that is down or restarting (after the channel's own quick retries); a
-# RESOURCE_EXHAUSTED is retried too when the service marked it transient (retry_delay_s).
-_RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 class StalePolicyError(RuntimeError):
@@ -171,26 +165,21 @@ class ServiceRollout:
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         step = int(trainer.state.global_step)
-        deadline = time.monotonic() + self.retry_timeout_s
-        delay = 0.5
-        while True:
-            try:
-                with self.sync.generation(trainer) as expected_version:
-                    completions = self.generate(prompts, step)
-                return self.to_trl(completions, expected_version)
-            except (grpc.RpcError, RolloutUnavailable) as error:
-                # The service is down or restarting: wait with backoff, then push the weights again (the
-                # generation context notices the version it lost) and redo this step's generation.
-                retryable = isinstance(error, RolloutUnavailable) or (
-                    error.code() in _RETRYABLE or retry_delay_s(error) is not None
-                )
-                if not retryable or time.monotonic() + delay > deadline:
-                    raise
-                is_rpc = isinstance(error, grpc.RpcError)
-                reason = f"{error.code().name}: {error.details()}" if is_rpc else error
-                log.warning("rollout service unavailable (%s); retrying in %.1f s", reason, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 10.0)
+
+        def generate_step() -> dict[str, list]:
+            with self.sync.generation(trainer) as expected_version:
+                completions = self.generate(prompts, step)
+            return self.to_trl(completions, expected_version)
+
+        # A replica down or restarting: wait with backoff, then push the weights again (the generation context
+        # notices the version it lost) and redo this step's generation.
+        return call_with_retry(
+            generate_step,
+            RetryPolicy(self.retry_timeout_s, initial_backoff_s=0.5, max_backoff_s=10.0),
+            retryable=may_recover,
+            what="rollout generation",
+            logger=log,
+        )
 
     def generate(self, prompts: list[Any], step: int) -> list[Any]:
         """Completions of ``prompts`` in input order, each run of equal prompts sampled on one replica.

@@ -43,21 +43,23 @@ from concurrent.futures import Future, wait
 from contextlib import contextmanager
 from typing import Any
 
-import grpc
 import torch
 from accelerate.utils import broadcast_object_list
 from peft import PeftModel, get_peft_model_state_dict
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import ExportableState
 
-from rollout_service.core.payload import encode
-from trainer_service.rollout.replicas import ReplicaAddress, RolloutReplicas, RolloutUnavailable, settle
+from grpo_runtime.call_errors import ServiceCallError
+from rollout_service.client import encode
+from trainer_service.rollout.replicas import (
+    ReplicaAddress,
+    RolloutReplicas,
+    RolloutUnavailable,
+    may_recover,
+    settle,
+)
 
 log = logging.getLogger(__name__)
-
-
-# Status codes of a rollout service that is down or restarting (after the channel's own quick retries).
-RETRYABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
 
 
 class RolloutReplicaError(RuntimeError):
@@ -69,16 +71,9 @@ class WeightPushError(RolloutReplicaError):
 
 
 def _describe(address: str, operation: str, error: Exception) -> str:
-    if isinstance(error, grpc.RpcError):
-        return f"{operation} on {address} failed: {error.code().name} {error.details() or ''}".rstrip()
+    if isinstance(error, ServiceCallError):
+        return f"{operation} on {address} failed: {error.code.name} {error.details}".rstrip()
     return f"{operation} on {address} failed: {type(error).__name__}: {error}"
-
-
-def _retryable(error: Exception) -> bool:
-    """A replica that is down or restarting (or was just dropped from the membership)."""
-    if isinstance(error, grpc.RpcError):
-        return error.code().name in RETRYABLE_CODES
-    return isinstance(error, RolloutUnavailable)
 
 
 class WeightSync:
@@ -187,7 +182,7 @@ class WeightSync:
         if not failed:
             return
         message = "; ".join(_describe(address, operation, error) for address, error in failed)
-        if all(_retryable(error) for _, error in failed):
+        if all(may_recover(error) for _, error in failed):
             raise RolloutUnavailable(message)
         raise RolloutReplicaError(message)
 
@@ -255,7 +250,7 @@ class WeightSync:
         for member, outcome in zip(targets, outcomes, strict=True):
             if not isinstance(outcome, Exception):
                 applied.append(member)
-            elif _retryable(outcome):
+            elif may_recover(outcome):
                 problems.append(_describe(member.address, f"weight push of version {version}", outcome))
             else:
                 refused.append(_describe(member.address, f"weight push of version {version}", outcome))

@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 import torch
 from transformers import set_seed
 from transformers.trainer_callback import PrinterCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 
+from grpo_runtime.call_errors import ServiceCallError
 from grpo_runtime.client import ChannelConfig
 from reward_service.client import RewardClient
 from rollout_service.client import RolloutClient
@@ -140,7 +140,7 @@ def rollout_engine(channel: ChannelConfig) -> str | None:
     try:
         with RolloutClient(channel) as client:
             return client.status(timeout_s=10.0).engine or None
-    except grpc.RpcError:
+    except ServiceCallError:
         return None
 
 
@@ -206,7 +206,7 @@ def resolve_services(
 def reward_requirements(client: RewardClient, terms: Sequence[RewardTerm]) -> dict[str, tuple[str, ...]]:
     """Check every configured reward is offered (and available) on the reward service; return the metadata
     each needs, from the service's ``required_metadata`` ("a|b" = column a or b)."""
-    offered = {info.name: info for info in client.list_rewards().rewards}
+    offered = {info.name: info for info in client.list_rewards()}
     requirements = dict(REWARD_METADATA)
     for term in terms:
         key = "training.prm_reward" if term.name.startswith("prm:") else "training.reward_fn"

@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from reward_service.client import RewardClient, trl_samples
-from reward_service.core.types import ComponentResult, RewardRequest
+from reward_service.client import ComponentResult, RewardClient, RewardRequest, trl_samples
 from trainer_service.config.run_config import RewardTerm
 
 

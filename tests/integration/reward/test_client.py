@@ -10,7 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from reward_service.client import RewardClient, RewardServiceError, trl_samples
+from grpo_runtime.call_errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
+from reward_service.client import RewardClient, RewardDescription, trl_samples
 from reward_service.core.types import Sample
 
 RIGHT, WRONG = r"The answer is \boxed{\frac{1}{2}}", r"The answer is \boxed{3}"
@@ -71,6 +72,13 @@ def test_score_returns_components(client):
     assert [name for name, _ in results[0].components] == ["accuracy", "tag_count"]
 
 
+def test_list_rewards_returns_domain_descriptions(client):
+    offered = {info.name: info for info in client.list_rewards()}
+    assert isinstance(offered["format"], RewardDescription) and offered["format"].available
+    assert offered["accuracy"].required_metadata  # the gold answer column
+    assert {p.name for p in offered["format"].params} >= {"style"}
+
+
 def test_reward_func_pickles(client):
     f = pickle.loads(pickle.dumps(client.as_reward_func("tag_count")))
     assert f(prompts=["p"], completions=["<think>\nx\n</think>\n"]) == [0.5]
@@ -79,9 +87,10 @@ def test_reward_func_pickles(client):
 
 def test_bad_spec_raises_invalid_argument_without_retrying(client):
     f = client.as_reward_func(("cosine", 1.0, {"max_len": -3}))
-    with pytest.raises(RewardServiceError) as err:
+    with pytest.raises(InvalidArgumentError) as err:
         f(prompts=["p"], completions=["x"], answer=["1"])
     assert err.value.code.name == "INVALID_ARGUMENT" and "rewards[0].params.max_len" in err.value.details
+    assert err.value.field == "rewards[0].params.max_len" and not err.value.retryable
 
 
 def test_service_down_raises_after_retries():
@@ -90,9 +99,9 @@ def test_service_down_raises_after_retries():
         port = s.getsockname()[1]  # nothing listens here once closed
     f = RewardClient(f"127.0.0.1:{port}", timeout_s=2, retry_budget_s=1.0).as_reward_func("format")
     start = time.monotonic()
-    with pytest.raises(RewardServiceError) as err:
+    with pytest.raises(UnavailableError) as err:
         f(prompts=["p"], completions=["x"])
-    assert err.value.code.name == "UNAVAILABLE"
+    assert err.value.code.name == "UNAVAILABLE" and str(err.value).startswith("reward service: UNAVAILABLE: ")
     assert time.monotonic() - start < 15
 
 
@@ -100,10 +109,12 @@ def test_request_over_a_size_limit_fails_at_once_without_retrying(reward_server,
     # max_samples is 8 on this server: a refusal that can never succeed is not retried for the budget.
     client = RewardClient(reward_server.address, timeout_s=30, retry_budget_s=60)
     samples = [Sample(id=str(i), completion="x") for i in range(9)]
-    with caplog.at_level("WARNING", logger="reward_service.client"), pytest.raises(RewardServiceError) as err:
+    refused = pytest.raises(ResourceExhaustedError)
+    with caplog.at_level("WARNING", logger="reward_service.client"), refused as err:
         client.score(samples, ["format"])
     client.close()
     assert err.value.code.name == "RESOURCE_EXHAUSTED" and "max_samples" in err.value.details
+    assert err.value.retry_after_s is None
     assert not [r for r in caplog.records if "retrying" in r.getMessage()]
 
 

@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM
 from rollout_service.core.payload import encode
 from rollout_service.core.settings import RolloutSettings
 from rollout_service.server import BackgroundServer
+from tests.support.statuses import failure
 
 MAX_CONCURRENT = 2
 MAX_WEIGHT_BYTES = 256 << 20
@@ -67,12 +68,6 @@ def lora(tiny_models):
     return get_peft_model_state_dict(model), config
 
 
-def rpc_error(call) -> tuple[grpc.StatusCode, str]:
-    with pytest.raises(grpc.RpcError) as info:
-        call()
-    return info.value.code(), info.value.details()
-
-
 def long_request(prompts: int, n: int = 4, max_tokens: int = 200) -> rollout_pb2.GenerateRequest:
     """Minutes of decoding for the tiny model with 4-row batches (min_tokens: no early EOS)."""
     return rollout_pb2.GenerateRequest(
@@ -100,7 +95,7 @@ def assert_engine_idle_soon(server, client, since: float) -> None:
 # ------------------------------------------------------------------------------ bounded work
 def test_an_expired_generate_stops_every_prompt_and_sequence(server, client, stub):
     # 1024 prompts × n 4 = 4096 sequences in 1024 engine batches of 4.
-    code, _ = rpc_error(lambda: stub.Generate(long_request(1024), timeout=1.0))
+    code, _ = failure(lambda: stub.Generate(long_request(1024), timeout=1.0))
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED
     assert_engine_idle_soon(server, client, time.monotonic())
 
@@ -119,17 +114,17 @@ def test_a_cancelled_generate_stops_every_prompt_and_sequence(server, client, st
 
 
 def test_limits_are_resource_exhausted_naming_the_limit(server, client, stub):
-    code, details = rpc_error(lambda: client.generate(PROMPT * 8, n=1024, sampling={"max_tokens": 200}))
+    code, details = failure(lambda: client.generate(PROMPT * 8, n=1024, sampling={"max_tokens": 200}))
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_request_tokens" in details
-    code, details = rpc_error(lambda: client.generate(PROMPT * 4097, n=1))
+    code, details = failure(lambda: client.generate(PROMPT * 4097, n=1))
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_prompts" in details
-    code, details = rpc_error(lambda: client.generate(PROMPT * 1024, n=1024, sampling={"max_tokens": 1}))
+    code, details = failure(lambda: client.generate(PROMPT * 1024, n=1024, sampling={"max_tokens": 1}))
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_request_sequences" in details
 
     calls = [stub.Generate.future(long_request(64), timeout=120) for _ in range(MAX_CONCURRENT)]
     try:
         wait_for(lambda: server.core.generates_in_flight == MAX_CONCURRENT)
-        code, details = rpc_error(lambda: client.generate(PROMPT, n=1, sampling={"max_tokens": 2}))
+        code, details = failure(lambda: client.generate(PROMPT, n=1, sampling={"max_tokens": 2}))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_concurrent_generates" in details
     finally:
         for call in calls:
@@ -139,7 +134,7 @@ def test_limits_are_resource_exhausted_naming_the_limit(server, client, stub):
 
 def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing(client):
     # 1 MB of text: the tiny tokenizer would spend ~5 s on it (holding the GIL for long spells).
-    code, details = rpc_error(lambda: client.generate(["ab " * 350_000], n=1, timeout_s=30))
+    code, details = failure(lambda: client.generate(["ab " * 350_000], n=1, timeout_s=30))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("prompts[0]:")
     assert "characters cannot fit" in details
 
@@ -166,7 +161,7 @@ def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing(cli
     ],
 )
 def test_sampling_values_that_break_the_arithmetic_are_invalid_argument(client, sampling, field):
-    code, details = rpc_error(lambda: client.generate(PROMPT, n=1, sampling=sampling))
+    code, details = failure(lambda: client.generate(PROMPT, n=1, sampling=sampling))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(f"{field}:")
 
 
@@ -216,7 +211,7 @@ def test_non_finite_configs_odd_dtypes_and_degenerate_tensors_are_refused(client
     before = client.generate(PROMPT, n=1, sampling=GREEDY)
     version = client.status().policy_version
     for fmt, tensors, config, field in bad_updates(lora):
-        code, details = rpc_error(
+        code, details = failure(
             lambda fmt=fmt, tensors=tensors, config=config: client.push_weights(
                 encode(tensors), version + 1, fmt, config
             )
@@ -232,7 +227,7 @@ def test_weights_that_overflow_fail_generate_instead_of_returning_nan(client, ba
     version = client.status().policy_version + 1
     huge = {"model.norm.weight": torch.full((128,), 3e38)}  # finite, but the logits overflow
     assert client.push_state_dict(huge, version).policy_version == version
-    code, details = rpc_error(lambda: client.generate(PROMPT, n=2, sampling={"max_tokens": 4}))
+    code, details = failure(lambda: client.generate(PROMPT, n=2, sampling={"max_tokens": 4}))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "non-finite logprob" in details
     client.push_state_dict(base_state, version + 1)
     results = client.generate(PROMPT, n=2, sampling={"max_tokens": 4})
@@ -294,7 +289,7 @@ def weight_dirs(weights_root, tmp_path_factory, base_state):
 def test_load_weights_reads_only_regular_files_under_the_root(client, weight_dirs, path, code, why):
     version = client.status().policy_version + 1
     # A deadline so that a hang (a FIFO opened blocking) fails instead of stalling the suite.
-    got, details = rpc_error(lambda: client.load_weights(path, version, timeout_s=20))
+    got, details = failure(lambda: client.load_weights(path, version, timeout_s=20))
     assert got == code, details
     assert details.startswith("path:") and why in details
     assert client.status().policy_version == version - 1
@@ -302,7 +297,7 @@ def test_load_weights_reads_only_regular_files_under_the_root(client, weight_dir
 
 def test_load_weights_outside_the_root_even_by_absolute_path(client, weight_dirs, weights_root):
     version = client.status().policy_version + 1
-    code, _ = rpc_error(lambda: client.load_weights(weight_dirs["outside"], version))
+    code, _ = failure(lambda: client.load_weights(weight_dirs["outside"], version))
     assert code == grpc.StatusCode.PERMISSION_DENIED
     applied = client.load_weights(weights_root / "good", version)  # absolute, inside: fine
     assert applied.policy_version == version and applied.tensors_loaded == 1
@@ -317,7 +312,7 @@ def test_health_answers_while_a_large_load_is_read(server, client, weights_root)
     outcome: list[grpc.StatusCode] = []
 
     def load() -> None:
-        outcome.append(rpc_error(lambda: client.load_weights(big, client.status().policy_version + 1))[0])
+        outcome.append(failure(lambda: client.load_weights(big, client.status().policy_version + 1))[0])
 
     loader = threading.Thread(target=load)
     latencies = []

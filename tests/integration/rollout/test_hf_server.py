@@ -21,6 +21,7 @@ from rollout_service.core.payload import encode
 from rollout_service.core.settings import RolloutSettings
 from rollout_service.core.types import FinishReason, WeightFormat
 from rollout_service.server import BackgroundServer
+from tests.support.statuses import failure
 
 PROMPTS = ["What is 12 + 7?", [{"role": "user", "content": "Compute 3 * 4 - 5."}], [5, 6, 7, 8]]
 
@@ -33,12 +34,6 @@ def server(tiny_models, tmp_path_factory):
     )
     with BackgroundServer(settings) as running:
         yield running
-
-
-def code_and_details(call) -> tuple[grpc.StatusCode, str]:
-    with pytest.raises(grpc.RpcError) as info:
-        call()
-    return info.value.code(), info.value.details()
 
 
 def test_generate_through_grpc(client):
@@ -67,15 +62,13 @@ def test_generate_through_grpc(client):
     ],
 )
 def test_bad_input_is_invalid_argument_naming_the_field(client, prompts, n, sampling, field):
-    code, details = code_and_details(lambda: client.generate(prompts, n=n, sampling=sampling))
+    code, details = failure(lambda: client.generate(prompts, n=n, sampling=sampling))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert details.startswith(f"{field}:")
 
 
 def test_deadline_stops_generation(client):
-    code, _ = code_and_details(
-        lambda: client.generate(PROMPTS, n=64, sampling={"max_tokens": 480}, timeout_s=0.3)
-    )
+    code, _ = failure(lambda: client.generate(PROMPTS, n=64, sampling={"max_tokens": 480}, timeout_s=0.3))
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED
     start = time.perf_counter()
     client.generate(PROMPTS[:1], n=1, sampling={"max_tokens": 2})
@@ -104,9 +97,9 @@ def test_weight_updates_sleep_and_status(client, tiny_models, tmp_path):
     payload = (tmp_path / "adapter" / "adapter_model.safetensors").read_bytes()
     with grpc.insecure_channel(client.target) as channel:
         stub = rollout_pb2_grpc.RolloutServiceStub(channel)
-        code, details = code_and_details(lambda: stub.UpdateWeights(iter([bad_chunk(payload, version + 1)])))
+        code, details = failure(lambda: stub.UpdateWeights(iter([bad_chunk(payload, version + 1)])))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("sha256:")
-    code, details = code_and_details(
+    code, details = failure(
         lambda: client.push_state_dict({"model.norm.weight": torch.ones(3)}, version=version + 1)
     )
     assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("data:")
@@ -118,7 +111,7 @@ def test_weight_updates_sleep_and_status(client, tiny_models, tmp_path):
     assert loaded.policy_version == version + 1
 
     client.sleep(1)
-    code, details = code_and_details(lambda: client.generate(PROMPTS, n=1))
+    code, details = failure(lambda: client.generate(PROMPTS, n=1))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "asleep" in details
     status = client.status()
     assert (status.engine, status.device, status.sleep_level) == ("hf", "cpu", 1)
@@ -180,7 +173,7 @@ def test_admin_rpcs_need_the_token(tiny_models):
     with BackgroundServer(settings, config) as running:
         with RolloutClient(running.address) as anonymous:
             assert len(anonymous.generate(["hi"], n=1, sampling={"max_tokens": 2})) == 1  # public
-            code, _ = code_and_details(lambda: anonymous.sleep(1))
+            code, _ = failure(lambda: anonymous.sleep(1))
             assert code == grpc.StatusCode.UNAUTHENTICATED
         with RolloutClient(running.address, admin_token="s3cret") as admin:
             assert admin.sleep(1).level == 1
@@ -216,7 +209,7 @@ def test_full_state_dict_streams_exactly_and_all_or_nothing(server, client, tiny
     chunks[0].MergeFrom(header)
     with grpc.insecure_channel(client.target) as channel:
         stub = rollout_pb2_grpc.RolloutServiceStub(channel)
-        code, details = code_and_details(lambda: stub.UpdateWeights(iter(chunks)))
+        code, details = failure(lambda: stub.UpdateWeights(iter(chunks)))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("total_bytes:")
     live = server.core.engine.model.state_dict()
     assert all(torch.equal(live[name], tensor) for name, tensor in scaled.items())

@@ -15,21 +15,11 @@ import grpc
 import pytest
 import torch
 
+from grpo_runtime.call_errors import InvalidArgumentError, UnavailableError
 from trainer_service.rollout.replicas import ReplicaAddress, RolloutUnavailable
 from trainer_service.rollout.weight_sync import WeightPushError, WeightSync, WeightSyncCallback
 
 ADDRESS = "127.0.0.1:50052"
-
-
-class StatusError(grpc.RpcError):
-    def __init__(self, code: grpc.StatusCode):
-        self._code = code
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return "test"
 
 
 class GatedReplica:
@@ -139,7 +129,7 @@ def test_the_optimizer_step_waits_for_the_tensors_being_streamed(setup):
 
 def test_an_unreachable_replica_is_retried_before_the_next_generation(setup, caplog):
     sync, replica, trainer = setup
-    replica.error = StatusError(grpc.StatusCode.UNAVAILABLE)
+    replica.error = UnavailableError(grpc.StatusCode.UNAVAILABLE, "test")
     sync.after_optimizer_step(trainer)
     replica.gate.set()
     sync.wait_for_transfer()
@@ -155,7 +145,7 @@ def test_an_unreachable_replica_is_retried_before_the_next_generation(setup, cap
 
 def test_a_refusal_fails_the_run_where_the_trainer_waits(setup):
     sync, replica, trainer = setup
-    replica.error = StatusError(grpc.StatusCode.INVALID_ARGUMENT)
+    replica.error = InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, "test")
     sync.after_optimizer_step(trainer)
     replica.gate.set()
     with pytest.raises(WeightPushError, match="refused"):
