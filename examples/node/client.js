@@ -16,6 +16,8 @@ const { parseArgs } = require('node:util');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 
+const { toStruct, fromValue } = require('./struct');
+
 const USAGE = `usage: node client.js [options]
   --target HOST:PORT    reward service address (default 127.0.0.1:50051; any gRPC target, e.g. dns:///reward:50051)
   --prm NAME            also score with the loaded process reward model prm:NAME (weight 1.0)
@@ -49,42 +51,6 @@ const DEFAULT_SAMPLES = [
     metadata: { answer: '42' },
   },
 ];
-
-/** A JSON value as a google.protobuf.Value message (as proto-loader expects it). */
-function toValue(value) {
-  if (value === null || value === undefined) return { nullValue: 'NULL_VALUE' };
-  if (typeof value === 'number') return { numberValue: value };
-  if (typeof value === 'string') return { stringValue: value };
-  if (typeof value === 'boolean') return { boolValue: value };
-  if (Array.isArray(value)) return { listValue: { values: value.map(toValue) } };
-  return { structValue: toStruct(value) };
-}
-
-/** A JSON object as a google.protobuf.Struct message. */
-function toStruct(object) {
-  const fields = {};
-  for (const [key, value] of Object.entries(object || {})) fields[key] = toValue(value);
-  return { fields };
-}
-
-/** A decoded google.protobuf.Value back to plain JSON. */
-function fromValue(value) {
-  if (!value) return null;
-  switch (value.kind) {
-    case 'numberValue':
-      return value.numberValue;
-    case 'stringValue':
-      return value.stringValue;
-    case 'boolValue':
-      return value.boolValue;
-    case 'listValue':
-      return (value.listValue.values || []).map(fromValue);
-    case 'structValue':
-      return Object.fromEntries(Object.entries(value.structValue.fields || {}).map(([k, v]) => [k, fromValue(v)]));
-    default:
-      return null;
-  }
-}
 
 function loadRewardService(protoRoot) {
   // Well-known imports (google/protobuf/struct.proto, timestamp.proto, descriptor.proto) resolve to the copies
