@@ -6,9 +6,10 @@ Every failure on the way is an error *result* (the model sees why and may retry)
 got wrong (unknown episode, too many calls, too many open episodes) raises a domain error, which the runtime
 maps to a status code.
 
-Calls of one episode run one at a time (a lock per episode); episodes run concurrently. A call that times out
-cannot be assumed to have stopped (a thread cannot be killed), so its episode is marked done and every later
-call gets an error result. An episode with no call for ``idle_timeout_s`` is closed by a sweeper task.
+Calls of one episode run one at a time (a lock per episode); episodes run concurrently. A call that times
+out, or whose Step the caller cancels, cannot be assumed to have stopped (a thread cannot be killed), so its
+episode is marked done and every later call gets an error result. An episode with no call for
+``idle_timeout_s`` is closed by a sweeper task.
 """
 
 from __future__ import annotations
@@ -195,7 +196,13 @@ class EpisodeRegistry:
         async with episode.lock:
             if episode.closed:
                 raise NotFound(f"episode {episode_id[:64]!r} was closed", field="episode_id")
-            results = [await self._call(episode, call) for call in calls]
+            try:
+                results = [await self._call(episode, call) for call in calls]
+            except asyncio.CancelledError:
+                # The caller gave up mid-call; the tool may still be running (a thread cannot be stopped),
+                # so no later call may touch the same state.
+                episode.broken = episode.broken or "an earlier Step was cancelled while a tool was running"
+                raise
             episode.last_used = time.monotonic()
         return StepOutcome(tuple(results), done=bool(episode.broken))
 

@@ -182,6 +182,20 @@ async def test_a_hanging_tool_times_out_and_ends_the_episode(tool):
     assert await episodes.close(episode.episode_id)
 
 
+async def test_a_step_cancelled_mid_call_ends_the_episode():
+    episodes = registry(tool_timeout_s=30)
+    episode = await episodes.open("misbehaving", {}, {})
+    hang = ToolCall("hang_async", '{"seconds": 30}')
+    step = asyncio.ensure_future(episodes.step(episode.episode_id, [hang]))
+    await asyncio.sleep(0.1)
+    step.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await step
+    outcome = await episodes.step(episode.episode_id, [ToolCall("flood", '{"chars": 3}')])
+    assert outcome.done and "cancelled" in outcome.results[0].content and outcome.results[0].error
+    assert await episodes.close(episode.episode_id)
+
+
 async def test_flooding_output_is_capped():
     episodes = registry(max_result_chars=1000)
     episode = await episodes.open("misbehaving", {}, {})
