@@ -17,15 +17,32 @@ from reward_service.client import ComponentResult, RewardClient, RewardRequest, 
 from trainer_service.config.run_config import RewardTerm
 
 
+def term_params(term: RewardTerm, max_completion_length: int | None) -> dict[str, Any]:
+    """The params sent for ``term``. ``soft_overlong`` without ``max_completion_len`` gets the run's
+    ``max_completion_length`` as L_max (the length TRL cuts completions at), and then, unless set,
+    ``soft_punish_cache`` = L_max // 4 (the service defaults' proportion, 4096 of 16384), so that a short run
+    is not penalised for every completion by the default L_c of 4096."""
+    params = dict(term.params)
+    if term.name == "soft_overlong" and max_completion_length and "max_completion_len" not in params:
+        params["max_completion_len"] = max_completion_length
+        params.setdefault("soft_punish_cache", max_completion_length // 4)
+    return params
+
+
 class BatchScorer:
     """Scores a generation batch with all of ``terms`` in one Score call and hands each term's values to its
-    TRL reward function (:meth:`reward_funcs`)."""
+    TRL reward function (:meth:`reward_funcs`). ``max_completion_length``: the run's, see ``term_params``."""
 
-    def __init__(self, client: RewardClient, terms: Sequence[RewardTerm]):
+    def __init__(
+        self, client: RewardClient, terms: Sequence[RewardTerm], max_completion_length: int | None = None
+    ):
         if not terms:
             raise ValueError("a run needs at least one reward term")
         self._client = client
-        self._requests = [RewardRequest(name=t.name, weight=1.0, params=dict(t.params)) for t in terms]
+        self._requests = [
+            RewardRequest(name=term.name, weight=1.0, params=term_params(term, max_completion_length))
+            for term in terms
+        ]
         # The batch scored last (TRL's completions list, kept so its identity cannot be reused) and, per
         # term, each sample's component.
         self._scored: tuple[Sequence[Any], dict[str, list[ComponentResult]]] | None = None

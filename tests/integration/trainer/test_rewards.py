@@ -3,6 +3,8 @@ same values as one call per term."""
 
 from __future__ import annotations
 
+import pytest
+
 from reward_service.client import RewardClient
 from reward_service.server import build
 from reward_service.settings import load_settings
@@ -54,3 +56,26 @@ def test_one_score_call_per_batch_gives_each_term_its_own_values():
         assert later["accuracy"] == [0.0, 1.0, 1.0, 1.0]
         assert values["repetition_penalty"][0] == 0.0  # nothing repeated
         assert values["repetition_penalty"][1] < 0.0
+
+
+def test_soft_overlong_takes_the_runs_max_completion_length():
+    lengths = [50, 80, 90, 110]
+    columns = {
+        "prompts": [[{"role": "user", "content": "Count."}]] * 4,
+        "completions": [[{"role": "assistant", "content": "1 " * n}] for n in lengths],
+        "completion_ids": [[1] * n for n in lengths],
+    }
+    with server_thread(lambda: build(load_settings({}))) as server, RewardClient(server.address) as client:
+        # L_max = 100 from the run, L_c = 100 // 4: 0 up to 75 tokens, then down to -1 at 100.
+        [from_run] = BatchScorer(client, [RewardTerm(name="soft_overlong")], 100).reward_funcs()
+        assert from_run(**columns) == pytest.approx([0.0, -0.2, -0.6, -1.0])
+        # What the user set wins: L_max 100 with their L_c 20 (TRL's golden -0.5 at 90 tokens).
+        term = RewardTerm(name="soft_overlong", params={"soft_punish_cache": 20})
+        [user_cache] = BatchScorer(client, [term], 100).reward_funcs()
+        assert user_cache(**columns) == pytest.approx([0.0, 0.0, -0.5, -1.0])
+        term = RewardTerm(name="soft_overlong", params={"max_completion_len": 1000, "soft_punish_cache": 200})
+        [user_max] = BatchScorer(client, [term], 100).reward_funcs()
+        assert user_max(**columns) == [0.0, 0.0, 0.0, 0.0]
+        # Without the run's length (as before): the service's defaults, 16384 / 4096.
+        [service_defaults] = BatchScorer(client, [RewardTerm(name="soft_overlong")]).reward_funcs()
+        assert service_defaults(**columns) == [0.0, 0.0, 0.0, 0.0]
