@@ -8,9 +8,11 @@
   benchmarks where per-step overheads must be measured against real compute;
 - ``prm-token``: ``Qwen2ForTokenClassification`` with 2 labels (Qwen2.5-Math-PRM format);
 - ``prm-steptag``: ``Qwen2ForCausalLM`` read at the ``ки`` step tag (Math-Shepherd format);
-- ``orm``: ``Qwen2ForSequenceClassification`` with 1 label (TRL's reward-model format).
+- ``orm``: ``Qwen2ForSequenceClassification`` with 1 label (TRL's reward-model format);
+- ``judge``: ``Qwen2ForCausalLM`` trained for a few seconds to answer a judge's yes/no question
+  (``tiny_models/judge.py``), with the shared tokenizer plus the words ``Yes`` and ``No``.
 
-Weights are seeded, so two runs write identical models.
+Weights are seeded (the judge trains on one thread), so two runs write identical models.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from transformers import (
     Qwen2ForTokenClassification,
 )
 
+from tiny_models.judge import judge_tokenizer, train_judge
 from tiny_models.tokenizer import build_tokenizer
 
 SHAPES = {
@@ -84,12 +87,15 @@ def make_model(kind: str, out: Path, seed: int = 0) -> Path:
         model = Qwen2ForCausalLM(qwen2_config(tokenizer))
     elif kind == "orm":
         model = Qwen2ForSequenceClassification(qwen2_config(tokenizer, num_labels=1))
+    elif kind == "judge":
+        tokenizer = judge_tokenizer()
+        model = train_judge(Qwen2ForCausalLM(qwen2_config(tokenizer)), tokenizer, seed)
     else:
         raise ValueError(f"unknown tiny model kind {kind!r}")
     return _save(model.eval(), tokenizer, out)
 
 
-KINDS = ("policy", "policy-large", "prm-token", "prm-steptag", "orm")
+KINDS = ("policy", "policy-large", "prm-token", "prm-steptag", "orm", "judge")
 
 
 def make_all(root: Path, kinds: tuple[str, ...] = KINDS) -> dict[str, Path]:

@@ -14,7 +14,11 @@ from grpo_runtime.errors import InvalidArgument
 from reward_service.models.registry import ModelRegistry
 from reward_service.models.spec import ModelInfo, ModelKind, ModelSpec, PrmFormat
 
-_KINDS = {reward_pb2.MODEL_KIND_PRM: ModelKind.PRM, reward_pb2.MODEL_KIND_ORM: ModelKind.ORM}
+_KINDS = {
+    reward_pb2.MODEL_KIND_PRM: ModelKind.PRM,
+    reward_pb2.MODEL_KIND_ORM: ModelKind.ORM,
+    reward_pb2.MODEL_KIND_JUDGE: ModelKind.JUDGE,
+}
 _KIND_PROTOS = {kind: proto for proto, kind in _KINDS.items()}
 _FORMATS = {
     reward_pb2.PRM_FORMAT_UNSPECIFIED: PrmFormat.AUTO,
@@ -27,7 +31,7 @@ _FORMAT_PROTOS = {fmt: proto for proto, fmt in _FORMATS.items()}
 def model_spec(request: reward_pb2.LoadModelRequest) -> ModelSpec:
     """LoadModelRequest → ModelSpec; empty strings mean "server default"."""
     if request.kind not in _KINDS:
-        raise InvalidArgument("must be MODEL_KIND_PRM or MODEL_KIND_ORM", field="kind")
+        raise InvalidArgument("must be MODEL_KIND_PRM, MODEL_KIND_ORM or MODEL_KIND_JUDGE", field="kind")
     if request.prm_format not in _FORMATS:
         raise InvalidArgument(f"unknown value {request.prm_format}", field="prm_format")
     return ModelSpec(
@@ -41,6 +45,8 @@ def model_spec(request: reward_pb2.LoadModelRequest) -> ModelSpec:
         step_token=request.step_token or None,
         positive_token=request.positive_token or None,
         negative_token=request.negative_token or None,
+        judge_template=request.judge_template or None,
+        judge_group_template=request.judge_group_template or None,
     )
 
 

@@ -18,7 +18,9 @@ from reward_service.core.types import ComponentResult, RewardDescription, Reward
 from reward_service.rewards.base import Reward
 from reward_service.rewards.params import resolve_params
 
-MODEL_PREFIXES = ("prm:", "orm:")
+# Names of loaded models. A remote judge (``judge:<name>`` of the server's configuration) is a built-in:
+# built-in names are looked up first, and the model registry refuses to load over one.
+MODEL_PREFIXES = ("prm:", "orm:", "judge:")
 
 
 class ModelRewards(Protocol):
@@ -175,8 +177,11 @@ class Scorer:
                 field=f"{where}.prompt",
             )
 
+    def _is_model(self, name: str) -> bool:
+        return name.startswith(MODEL_PREFIXES) and name not in self._builtins
+
     def _resolve(self, where: str, spec: RewardRequest) -> dict[str, Any]:
-        if spec.name.startswith(MODEL_PREFIXES):
+        if self._is_model(spec.name):
             if self._models is None or not self._models.has(spec.name):
                 raise InvalidArgument(f"no model is loaded as {spec.name!r}", field=f"{where}.name")
             try:
@@ -187,7 +192,8 @@ class Scorer:
         if reward is None:
             known = ", ".join(self._builtins)
             raise InvalidArgument(
-                f"unknown reward {spec.name!r} (built-ins: {known}; models: prm:<name>, orm:<name>)",
+                f"unknown reward {spec.name!r} (built-ins: {known}; "
+                "models: prm:<name>, orm:<name>, judge:<name>)",
                 field=f"{where}.name",
             )
         if not reward.description.available:
@@ -243,7 +249,7 @@ class Scorer:
     async def _component(
         self, spec: RewardRequest, samples: Sequence[Sample], params: dict[str, Any]
     ) -> list[ComponentResult]:
-        if spec.name.startswith(MODEL_PREFIXES):
+        if self._is_model(spec.name):
             assert self._models is not None
             results = await self._models.score(spec.name, samples, params)
         else:

@@ -111,6 +111,17 @@ class RewardModelEngine(abc.ABC):
             )
         return encoded
 
+    def encode_samples(self, samples: Sequence[Sample], params: dict[str, Any]) -> list[Encoded | str]:
+        """Each sample's sequence, or why it has none (``params`` resolved; engines that encode a sample
+        together with others, like a group judge, override this)."""
+        encoded: list[Encoded | str] = []
+        for sample in samples:
+            try:
+                encoded.append(self.encode(sample))
+            except SampleError as exc:
+                encoded.append(str(exc))
+        return encoded
+
     def forward(self, batch: list[Encoded]) -> list[Any]:
         """One right-padded forward over ``batch``; worker thread.
 

@@ -4,7 +4,7 @@ Validation happens before any weights are read, so a bad request costs nothing: 
 exist, the dtype must be known, ``config.json`` must name an architecture that fits the requested
 kind, and remote code runs only when both the request and the server settings allow it. Errors are
 ``InvalidArgument`` naming the field at fault (``device``, ``dtype``, ``path``, ``kind``,
-``prm_format``, ``trust_remote_code``, ``step_token``, ...).
+``prm_format``, ``trust_remote_code``, ``step_token``, ``judge_template``, ...).
 
 ``load_model`` is blocking (seconds for real models); the registry runs it in a worker thread.
 """
@@ -27,8 +27,11 @@ from transformers import (
 )
 
 from grpo_runtime.errors import InvalidArgument
+from reward_service.judges.template import judge_templates
 from reward_service.models.settings import ModelSettings
 from reward_service.models.spec import (
+    DEFAULT_JUDGE_NEGATIVE_TOKEN,
+    DEFAULT_JUDGE_POSITIVE_TOKEN,
     DEFAULT_NEGATIVE_TOKEN,
     DEFAULT_POSITIVE_TOKEN,
     DEFAULT_STEP_SEPARATOR,
@@ -54,15 +57,15 @@ class LoadedModel:
     spec: ModelSpec
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
-    prm_format: PrmFormat | None  # None for ORMs
+    prm_format: PrmFormat | None  # None for ORMs and judges
     device: str
     dtype: str
     max_positions: int  # longest sequence accepted, in tokens
     pad_token_id: int
     step_token: str = ""  # PRM: separator (token classification) or tag (step tag)
     step_token_id: int | None = None
-    positive_token_id: int | None = None  # step tag: '+'
-    negative_token_id: int | None = None  # step tag: '-'
+    positive_token_id: int | None = None  # step tag: '+'; judge: 'Yes'
+    negative_token_id: int | None = None  # step tag: '-'; judge: 'No'
 
 
 def resolve_device(requested: str | None, settings: ModelSettings) -> str:
@@ -112,9 +115,15 @@ def _matches(architectures: list[str], suffixes: tuple[str, ...]) -> bool:
 def resolve_format(spec: ModelSpec, architectures: list[str]) -> PrmFormat | None:
     """The model's input format, checked against its architecture.
 
-    ORM: a sequence-classification head. PRM: token classification (Qwen2.5-Math-PRM) or a causal
-    LM read at a step tag (Math-Shepherd); AUTO picks by architecture.
+    ORM: a sequence-classification head. Judge: a causal LM. PRM: token classification
+    (Qwen2.5-Math-PRM) or a causal LM read at a step tag (Math-Shepherd); AUTO picks by architecture.
     """
+    if spec.kind is ModelKind.JUDGE:
+        if not _matches(architectures, _STEP_TAG_SUFFIXES):
+            raise InvalidArgument(
+                f"a judge needs a ...ForCausalLM model, {spec.path} is {architectures}", field="kind"
+            )
+        return None
     if spec.kind is ModelKind.ORM:
         if not _matches(architectures, _SEQUENCE_CLASSIFICATION_SUFFIXES):
             raise InvalidArgument(
@@ -149,7 +158,20 @@ def single_token_id(tokenizer: PreTrainedTokenizerBase, token: str, field: str) 
     return ids[-1]
 
 
-def _auto_class(fmt: PrmFormat | None, architectures: list[str]):
+def verdict_token_id(tokenizer: PreTrainedTokenizerBase, token: str, field: str) -> int:
+    """Id of a judge's verdict token, which must encode to exactly one id (its probability is read at
+    one position; the last piece of a multi-token word would be a different question)."""
+    ids = tokenizer.encode(token, add_special_tokens=False)
+    if len(ids) != 1:
+        raise InvalidArgument(
+            f"{token!r} encodes to {len(ids)} tokens {ids}; a verdict must be a single token", field=field
+        )
+    return ids[0]
+
+
+def _auto_class(kind: ModelKind, fmt: PrmFormat | None, architectures: list[str]):
+    if kind is ModelKind.JUDGE:
+        return AutoModelForCausalLM
     if fmt is None:
         return AutoModelForSequenceClassification
     if fmt is PrmFormat.STEP_TAG:
@@ -169,11 +191,13 @@ def load_model(spec: ModelSpec, settings: ModelSettings) -> LoadedModel:
             "remote code is disabled on this server (models.allow_trust_remote_code)",
             field="trust_remote_code",
         )
+    if spec.kind is ModelKind.JUDGE:
+        judge_templates(spec.judge_template, spec.judge_group_template)  # a bad template fails here
     architectures = read_architectures(spec.path)
     fmt = resolve_format(spec, architectures)
     try:
         tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
-        model = _auto_class(fmt, architectures).from_pretrained(
+        model = _auto_class(spec.kind, fmt, architectures).from_pretrained(
             spec.path, dtype=DTYPES[dtype], trust_remote_code=spec.trust_remote_code
         )
     except Exception as exc:  # whatever the files hold (missing, truncated, foreign), it is the path's fault
@@ -219,6 +243,16 @@ def load_model(spec: ModelSpec, settings: ModelSettings) -> LoadedModel:
         loaded["negative_token_id"] = single_token_id(
             tokenizer, spec.negative_token or DEFAULT_NEGATIVE_TOKEN, "negative_token"
         )
-        if loaded["positive_token_id"] == loaded["negative_token_id"]:
-            raise InvalidArgument("positive and negative tokens share one id", field="negative_token")
+    elif spec.kind is ModelKind.JUDGE:
+        loaded["positive_token_id"] = verdict_token_id(
+            tokenizer, spec.positive_token or DEFAULT_JUDGE_POSITIVE_TOKEN, "positive_token"
+        )
+        loaded["negative_token_id"] = verdict_token_id(
+            tokenizer, spec.negative_token or DEFAULT_JUDGE_NEGATIVE_TOKEN, "negative_token"
+        )
+    if (
+        loaded.get("positive_token_id") is not None
+        and loaded["positive_token_id"] == loaded["negative_token_id"]
+    ):
+        raise InvalidArgument("positive and negative tokens share one id", field="negative_token")
     return LoadedModel(**loaded)

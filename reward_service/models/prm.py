@@ -30,8 +30,9 @@ import torch
 
 from grpo_runtime.errors import InvalidArgument
 from reward_service.core.types import ComponentResult, ParamInfo, RewardDescription, Sample
-from reward_service.models.engine import Encoded, RewardModelEngine, SampleError, chat_messages
+from reward_service.models.engine import Encoded, SampleError, chat_messages
 from reward_service.models.spec import QWEN_PRM_SYSTEM_PROMPT, PrmFormat
+from reward_service.models.verdict import TokenPairEngine
 
 AGGREGATES = {
     "min": min,
@@ -52,7 +53,7 @@ def aggregate(scores: list[float], how: str) -> float:
     return float(AGGREGATES[how](scores))
 
 
-class ProcessRewardModel(RewardModelEngine):
+class ProcessRewardModel(TokenPairEngine):
     """``prm:<name>`` in either format; ``forward`` yields each sequence's step scores."""
 
     params = (
@@ -105,46 +106,17 @@ class ProcessRewardModel(RewardModelEngine):
 
     def _readout(self, logits: torch.Tensor, batch: list[Encoded]) -> list[list[float]]:
         """logits (B, T, C) → per sequence the step scores at its marker positions."""
-        loaded = self.loaded
+        if self.loaded.prm_format is not PrmFormat.TOKEN_CLASSIFICATION:
+            return super()._readout(logits, batch)  # step tag: softmax over '+'/'-'
         results = []
         for row, encoded in enumerate(batch):
             at = [t - encoded.prefix_tokens for t in encoded.positions]
-            at_steps = logits[row, at].float()  # (steps, C); softmax in float32
-            if loaded.prm_format is PrmFormat.TOKEN_CLASSIFICATION:
-                scores = at_steps.softmax(dim=-1)[:, 1]
-            else:
-                judged = at_steps[:, [loaded.positive_token_id, loaded.negative_token_id]]
-                scores = judged.softmax(dim=-1)[:, 0]
-            results.append(scores.tolist())
+            results.append(logits[row, at].float().softmax(dim=-1)[:, 1].tolist())  # softmax in float32
         return results
 
-    def _set_fast_head(self, on: bool) -> bool:
-        """Step tag only: read the '+'/'-' logits alone, at the tags alone (see ``_run``)."""
-        supported = self.loaded.prm_format is PrmFormat.STEP_TAG
-        self.fast_head = on and supported
-        return supported
-
-    def _run(self, inputs: dict[str, Any], batch: list[Encoded]) -> list[Any]:
-        """With the fast head (step tag): the decoder's hidden states at the tags times the two rows
-        ``W[[+, -]]`` of the LM head, instead of (B, T, V) logits of which 2 x steps are read. Same
-        dot products; ``check_fast_paths`` keeps it off for heads that do more than one linear map.
-        """
-        if not self.fast_head:
-            return super()._run(inputs, batch)
-        loaded = self.loaded
-        hidden = self._backbone()(**inputs).last_hidden_state  # (B, T, H)
-        rows = torch.tensor([r for r, e in enumerate(batch) for _ in e.positions], device=hidden.device)
-        cols = torch.tensor([t - e.prefix_tokens for e in batch for t in e.positions], device=hidden.device)
-        head = loaded.model.get_output_embeddings()
-        pair = [loaded.positive_token_id, loaded.negative_token_id]
-        bias = head.bias[pair] if getattr(head, "bias", None) is not None else None
-        judged = torch.nn.functional.linear(hidden[rows, cols], head.weight[pair], bias).float()  # (steps, 2)
-        scores = judged.softmax(dim=-1)[:, 0].tolist()
-        results, start = [], 0
-        for encoded in batch:
-            results.append(scores[start : start + len(encoded.positions)])
-            start += len(encoded.positions)
-        return results
+    def _pair_supported(self) -> bool:
+        """Step tag only: a token-classification head has no '+'/'-' rows to read."""
+        return self.loaded.prm_format is PrmFormat.STEP_TAG
 
     def finish(self, output: list[float], params: dict[str, Any]) -> ComponentResult:
         return ComponentResult(value=aggregate(output, params["aggregate"]), step_scores=list(output))

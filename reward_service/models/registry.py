@@ -22,7 +22,8 @@ import torch
 from grpo_runtime.errors import InvalidArgument, NotFound
 from reward_service.core.types import ComponentResult, Message, RewardDescription, Sample
 from reward_service.models.batcher import DynamicBatcher
-from reward_service.models.engine import Encoded, RewardModelEngine, SampleError
+from reward_service.models.engine import Encoded, RewardModelEngine
+from reward_service.models.judge import JudgeModel
 from reward_service.models.loading import LoadedModel, load_model
 from reward_service.models.orm import OutcomeRewardModel
 from reward_service.models.prefix import share_prefixes
@@ -72,10 +73,16 @@ class _Slot:
     disposed: bool = False
 
 
+ENGINES: dict[ModelKind, type[RewardModelEngine]] = {
+    ModelKind.PRM: ProcessRewardModel,
+    ModelKind.ORM: OutcomeRewardModel,
+    ModelKind.JUDGE: JudgeModel,
+}
+
+
 def build_engine(loaded: LoadedModel, settings: ModelSettings) -> RewardModelEngine:
     """The engine of ``loaded`` with the fast paths that are exact for it turned on (blocking)."""
-    engine_class = ProcessRewardModel if loaded.spec.kind is ModelKind.PRM else OutcomeRewardModel
-    engine = engine_class(
+    engine = ENGINES[loaded.spec.kind](
         loaded, max_batch_tokens=settings.max_batch_tokens, overhead_tokens=settings.forward_overhead_tokens
     )
     enabled = engine.check_fast_paths(FAST_PATH_PROBE, FAST_PATH_TOLERANCE[loaded.dtype])
@@ -85,10 +92,12 @@ def build_engine(loaded: LoadedModel, settings: ModelSettings) -> RewardModelEng
 
 
 class ModelRegistry:
-    """Loads, swaps, unloads and scores with PRMs/ORMs (``prm:<name>``, ``orm:<name>``)."""
+    """Loads, swaps, unloads and scores with PRMs/ORMs/judges (``prm:<name>``, ``orm:<name>``,
+    ``judge:<name>``). ``reserved`` reward names (the server's remote judges) cannot be loaded over."""
 
-    def __init__(self, settings: ModelSettings) -> None:
+    def __init__(self, settings: ModelSettings, reserved: frozenset[str] = frozenset()) -> None:
         self._settings = settings
+        self._reserved = reserved
         self._slots: dict[str, _Slot] = {}
         self._versions: dict[str, int] = {}  # survives unload: versions only grow
         self._load_locks: dict[str, asyncio.Lock] = {}
@@ -107,6 +116,10 @@ class ModelRegistry:
         if not MODEL_NAME_RE.match(spec.name):
             raise InvalidArgument(
                 f"{spec.name!r} must be lowercase letters, digits, '-', '_' or '.'", field="name"
+            )
+        if spec.reward_name in self._reserved:
+            raise InvalidArgument(
+                f"{spec.reward_name!r} is a remote judge configured on this server", field="name"
             )
         lock = self._load_locks.setdefault(spec.name, asyncio.Lock())
         async with lock:  # loads of one name install in request order
@@ -188,7 +201,7 @@ class ModelRegistry:
         resolved = slot.engine.validate_params(params)
         slot.leases += 1
         try:
-            encoded = await asyncio.to_thread(self._encode_all, slot.engine, samples)
+            encoded = await asyncio.to_thread(self._encode_all, slot.engine, samples, resolved)
             ok = [item for item in encoded if isinstance(item, Encoded)]
             outputs = iter(await slot.batcher.submit(ok))
             return [
@@ -223,14 +236,11 @@ class ModelRegistry:
             raise InvalidArgument(f"no model is loaded as {reward_name!r}", field="name")
         return slot
 
-    def _encode_all(self, engine: RewardModelEngine, samples: Sequence[Sample]) -> list[Encoded | str]:
+    def _encode_all(
+        self, engine: RewardModelEngine, samples: Sequence[Sample], params: dict[str, Any]
+    ) -> list[Encoded | str]:
         """Each sample's sequence (or why it has none), with shared prefixes marked where allowed."""
-        encoded: list[Encoded | str] = []
-        for sample in samples:
-            try:
-                encoded.append(engine.encode(sample))
-            except SampleError as exc:
-                encoded.append(str(exc))
+        encoded = engine.encode_samples(samples, params)
         if engine.share_prefixes:
             ok = [item for item in encoded if isinstance(item, Encoded)]
             shared = iter(share_prefixes(ok, self._settings.min_shared_prefix_tokens))

@@ -14,7 +14,7 @@ class PreloadModel(BaseModel, extra="forbid"):
 
     name: str
     path: str
-    kind: Literal["prm", "orm"]
+    kind: Literal["prm", "orm", "judge"]
     prm_format: Literal["auto", "token_classification", "step_tag"] = "auto"
     device: str | None = None
     dtype: str | None = None
@@ -22,6 +22,8 @@ class PreloadModel(BaseModel, extra="forbid"):
     step_token: str | None = None
     positive_token: str | None = None
     negative_token: str | None = None
+    judge_template: str | None = None
+    judge_group_template: str | None = None
 
     def to_spec(self) -> ModelSpec:
         return ModelSpec(
@@ -35,6 +37,8 @@ class PreloadModel(BaseModel, extra="forbid"):
             step_token=self.step_token,
             positive_token=self.positive_token,
             negative_token=self.negative_token,
+            judge_template=self.judge_template,
+            judge_group_template=self.judge_group_template,
         )
 
 

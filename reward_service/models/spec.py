@@ -16,6 +16,9 @@ DEFAULT_STEP_SEPARATOR = "<extra_0>"
 DEFAULT_STEP_TAG = "ки"
 DEFAULT_POSITIVE_TOKEN = "+"
 DEFAULT_NEGATIVE_TOKEN = "-"
+# A judge's verdict tokens: the first token of its answer to the template's yes/no question.
+DEFAULT_JUDGE_POSITIVE_TOKEN = "Yes"
+DEFAULT_JUDGE_NEGATIVE_TOKEN = "No"
 # Qwen2.5-Math-PRM's system prompt (model card usage example).
 QWEN_PRM_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
 
@@ -23,6 +26,7 @@ QWEN_PRM_SYSTEM_PROMPT = "Please reason step by step, and put your final answer 
 class ModelKind(enum.Enum):
     PRM = "prm"  # one score per reasoning step, addressed as ``prm:<name>``
     ORM = "orm"  # sequence classification, ``logits[:, 0]``, addressed as ``orm:<name>``
+    JUDGE = "judge"  # causal LM asked a yes/no question by a template, addressed as ``judge:<name>``
 
 
 class PrmFormat(enum.Enum):
@@ -36,7 +40,10 @@ class ModelSpec:
     """What LoadModel (or the config's ``preload``) asks for.
 
     ``device``/``dtype`` None means the server default. ``step_token`` None means the format's
-    default (``<extra_0>`` for token classification, ``ки`` for step tags).
+    default (``<extra_0>`` for token classification, ``ки`` for step tags). Judges: the verdict tokens
+    are ``positive_token``/``negative_token`` (default ``Yes``/``No``), the templates
+    ``judge_template`` (pointwise) and ``judge_group_template`` (None: the defaults of
+    ``reward_service.judges.template``).
     """
 
     name: str
@@ -49,6 +56,8 @@ class ModelSpec:
     step_token: str | None = None
     positive_token: str | None = None
     negative_token: str | None = None
+    judge_template: str | None = None
+    judge_group_template: str | None = None
 
     @property
     def reward_name(self) -> str:
