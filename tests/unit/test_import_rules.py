@@ -8,7 +8,7 @@ Layers, lowest first; a module may import its own layer and the ones below, neve
     3  training/                                 the job, builders, loss variants, importance sampling
     4  core/ (runs, worker)                      runs in worker processes
     5  api/                                      servicer and protobuf converters
-    6  server.py, cli.py, __main__.py            entry points
+    6  server.py, cli.py, check.py, __main__.py  entry points
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ LAYERS = {
     "trainer_service.api": 5,
     "trainer_service.server": 6,
     "trainer_service.cli": 6,
+    "trainer_service.check": 6,
     "trainer_service.__main__": 6,
 }
 HEAVY = ("torch", "trl", "transformers", "peft", "accelerate", "datasets", "vllm")

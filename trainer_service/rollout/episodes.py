@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from rollout_service.core.types import EpisodeSpec, FinishReason
+from rollout_service.client import EpisodeSpec, FinishReason
 from trainer_service.config.run_config import EnvironmentSpec, RunConfig
 
 PROMPT_COLUMNS = ("prompt", "completion", "completion_ids")
