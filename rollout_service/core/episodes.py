@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -86,6 +87,7 @@ class EpisodeState:
     """One episode's completion as it grows; ``tokens``, ``logprobs`` and ``tool_mask`` stay aligned."""
 
     prompt_ids: list[int]
+    session: str = ""  # the engine's key for this episode's KV cache between turns
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     tool_mask: list[int] = field(default_factory=list)
@@ -116,8 +118,10 @@ class EpisodeRunner:
         validator: RequestValidator,
         environments: Mapping[str, EnvironmentBackend],
         settings: EpisodeSettings,
+        release_session: Callable[[str], None] = lambda session: None,
     ) -> None:
         self._generate_turn = generate_turn
+        self._release_session = release_session
         self._tokenizer = tokenizer
         self._validator = validator
         self._environments = environments
@@ -191,7 +195,7 @@ class EpisodeRunner:
         spec = prompt.episode
         assert spec is not None  # checked
         env = self._environments[spec.target or DEFAULT_TARGET]
-        state = EpisodeState(prompt_ids=[])
+        state = EpisodeState(prompt_ids=[], session=uuid.uuid4().hex)
         episode: Episode | None = None
         try:
             episode = await self._call(
@@ -210,6 +214,7 @@ class EpisodeRunner:
         except EnvironmentFailure as failure:
             state.finish, state.error = FinishReason.ERROR, str(failure)
         finally:
+            self._release_session(state.session)
             if episode is not None:
                 await self._close(env, episode)
         return self._result(prompt, state)
@@ -234,6 +239,7 @@ class EpisodeRunner:
                 [state.prompt_ids + state.tokens],
                 1,
                 dataclasses.replace(sampling, max_tokens=budget, seed=seed),
+                session=state.session,
             )
             await self._generate_turn(job)
             raw = job.results[0]

@@ -88,6 +88,7 @@ class RolloutCore:
             self.validator,
             environments or {},
             episode_settings or EpisodeSettings(),
+            release_session=engine.release_session,
         )
 
     async def start(self) -> None:

@@ -156,6 +156,9 @@ class GenerationJob:
     n: int
     sampling: SamplingSpec
     cancel: CancelToken = field(default_factory=CancelToken)
+    # An episode's key (one prompt, n = 1): the engine may keep this sequence's KV cache for the next turn,
+    # whose prompt extends it, until ``Engine.release_session``.
+    session: str | None = None
     results: list[RawCompletion] = field(default_factory=list)
     policy_version: int = 0  # set by the core: the version that served the batch
 

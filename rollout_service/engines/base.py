@@ -57,5 +57,8 @@ class Engine(ABC):
     def wake_up(self, tags: set[str]) -> None:
         """Restore what sleep freed for ``tags`` ⊆ {"weights", "kv_cache"}."""
 
+    def release_session(self, session: str) -> None:  # noqa: B027 - engines without session state
+        """Forget what the engine kept for an episode's ``GenerationJob.session`` (its episode ended)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook, most engines need nothing
         """Release the engine's resources at shutdown."""

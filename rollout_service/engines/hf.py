@@ -35,13 +35,22 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rollout_service.core.memory import release_freed_memory
 from rollout_service.core.types import FinishReason, GenerationJob, RawCompletion, SamplingSpec
 from rollout_service.engines.base import Engine, derive_seed
-from rollout_service.engines.hf_cache import decode_cache
+from rollout_service.engines.hf_cache import decode_cache, seeded_layers
 from rollout_service.engines.sampling import RowParams, sample_rows, sampling_logits, tempered_logprobs
 from rollout_service.weights import LoraAdapter, ValidatedUpdate
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Compact the batch (drop finished rows from the KV cache) when this share of rows is done.
 COMPACT_FRACTION = 0.25
+
+
+@dataclass
+class _SessionCache:
+    """An episode's KV cache after its last turn: per layer (kv_heads, len(tokens), head_dim) tensors."""
+
+    tokens: list[int]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
 
 
 @dataclass
@@ -88,6 +97,10 @@ class HFEngine(Engine):
         self._snapshot = Path(tempfile.gettempdir()) / f"rollout-hf-{os.getpid()}-{id(self)}.safetensors"
         self._seed_source = random.Random(seed)
         self._seed_lock = threading.Lock()
+        # Episodes' KV caches between turns (GenerationJob.session), and what prefill computed vs reused.
+        self._sessions: dict[str, _SessionCache] = {}
+        self.prefill_tokens = 0
+        self.reused_tokens = 0
 
     # ----------------------------------------------------------------- loading
     def _load(self) -> torch.nn.Module:
@@ -139,29 +152,54 @@ class HFEngine(Engine):
             seed = derive_seed(sampling.seed, prompt_index, sample_index)
         return torch.Generator().manual_seed(seed)
 
+    def _cached_prefix(self, row: _Row) -> _SessionCache | None:
+        """The row's episode cache when it holds a proper prefix of the row's prompt (else None)."""
+        cached = self._sessions.get(row.job.session) if row.job.session is not None else None
+        if cached is None or len(cached.tokens) >= len(row.prompt):
+            return None
+        return cached if row.prompt[: len(cached.tokens)] == cached.tokens else None
+
     @torch.inference_mode()
     def _decode(self, rows: list[_Row]) -> None:
-        """Prefill the left-padded prompts, then sample token by token until every row finished."""
+        """Prefill, then sample token by token until every row finished.
+
+        Layout of the batch's positions: a region of width L = max cached length, where each row's cached KV
+        (an episode's earlier turns) sits right-aligned, then a region of width S = max uncached length, where
+        the rest of each prompt sits right-aligned; holes are masked out and position ids count only real
+        tokens, so a row sees exactly its own sequence. Without cached rows L = 0: plain left padding.
+        """
         model = self.model
-        width = max(len(r.prompt) for r in rows)
-        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        dev = self.device
+        capacity = max(len(r.prompt) + r.job.sampling.max_tokens for r in rows)
+        cache = decode_cache(model.config, capacity)
+        cached = [self._cached_prefix(r) if seeded_layers(cache) else None for r in rows]
+        lengths = [len(c.tokens) if c is not None else 0 for c in cached]
+        reused = max(lengths)
+        suffix = max(len(r.prompt) - n for r, n in zip(rows, lengths, strict=True))
+        width = reused + suffix
+        input_ids = torch.full((len(rows), suffix), self._pad_id, dtype=torch.long)
         attention = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, row in enumerate(rows):
-            input_ids[b, width - len(row.prompt) :] = torch.tensor(row.prompt)
-            attention[b, width - len(row.prompt) :] = 1
+        for b, (row, n) in enumerate(zip(rows, lengths, strict=True)):
+            rest = row.prompt[n:]
+            input_ids[b, suffix - len(rest) :] = torch.tensor(rest)
+            attention[b, reused - n : reused] = 1
+            attention[b, width - len(rest) :] = 1
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        if reused:
+            self._seed(cache, cached, lengths, reused)
+        self.prefill_tokens += int(attention[:, reused:].sum())
+        self.reused_tokens += sum(lengths)
         params = _row_params([r.job.sampling for r in rows])
         vocab = model.config.vocab_size
         seen = None
         if params.any_penalty:
-            counts = torch.zeros((len(rows), vocab), dtype=torch.long).scatter_add_(1, input_ids, attention)
-            seen = counts > 0
-        cache = decode_cache(model.config, width + max(r.job.sampling.max_tokens for r in rows))
-        dev = self.device
+            seen = torch.zeros((len(rows), vocab), dtype=torch.bool)
+            for b, row in enumerate(rows):
+                seen[b, torch.tensor(row.prompt)] = True
         out = model(
             input_ids=input_ids.to(dev),
             attention_mask=attention.to(dev),
-            position_ids=positions.to(dev),
+            position_ids=positions[:, reused:].to(dev),
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
@@ -182,8 +220,11 @@ class HFEngine(Engine):
                 seen[torch.arange(len(active)), tokens] = True
             keep = [b for b, i in enumerate(active) if rows[i].finish is None]
             if not keep:
+                self._keep_sessions(cache, attention, width, rows, active, range(len(active)))
                 return
             if len(keep) <= (1 - COMPACT_FRACTION) * len(active):
+                leaving = [b for b in range(len(active)) if b not in set(keep)]
+                self._keep_sessions(cache, attention, width, rows, active, leaving)
                 index = torch.tensor(keep)
                 cache.batch_select_indices(index.to(dev))
                 attention, positions, tokens = attention[index], positions[index], tokens[index]
@@ -199,6 +240,43 @@ class HFEngine(Engine):
                 past_key_values=cache,
                 use_cache=True,
             )
+
+    def _seed(self, cache, cached: list[_SessionCache | None], lengths: list[int], reused: int) -> None:
+        """Fill the cache's first ``reused`` positions with each row's cached KV, right-aligned, zeros
+        elsewhere (masked: zeros rather than empty memory keep stray NaNs out of the masked sum)."""
+        for layer_index, layer in enumerate(cache.layers):
+            like = next(c for c in cached if c is not None).keys[layer_index]
+            heads, _, dim = like.shape
+            keys = torch.zeros((len(cached), heads, reused, dim), dtype=like.dtype, device=like.device)
+            values = torch.zeros_like(keys)
+            for b, (c, n) in enumerate(zip(cached, lengths, strict=True)):
+                if c is not None:
+                    keys[b, :, reused - n :] = c.keys[layer_index]
+                    values[b, :, reused - n :] = c.values[layer_index]
+            layer.seed(keys, values)
+
+    def _keep_sessions(
+        self, cache, attention, width: int, rows: list[_Row], active: list[int], batch_rows
+    ) -> None:
+        """Store the KV of finished episode rows (batch indices ``batch_rows``) for their next turn: the
+        prompt's positions and the generated tokens fed back (all but the last, which was never fed)."""
+        if not seeded_layers(cache):
+            return
+        for b in batch_rows:
+            row = rows[active[b]]
+            if row.job.session is None or row.finish in (None, FinishReason.ABORT) or not row.tokens:
+                continue
+            fed = len(row.tokens) - 1
+            real = torch.cat([attention[b, :width].nonzero()[:, 0], torch.arange(width, width + fed)])
+            index = real.to(self.device)
+            self._sessions[row.job.session] = _SessionCache(
+                row.prompt + row.tokens[:-1],
+                [layer.keys[b][:, index].clone() for layer in cache.layers],
+                [layer.values[b][:, index].clone() for layer in cache.layers],
+            )
+
+    def release_session(self, session: str) -> None:
+        self._sessions.pop(session, None)
 
     def _append(self, row: _Row, token: int, logprob: float) -> None:
         if row.finish is not None:
@@ -231,6 +309,7 @@ class HFEngine(Engine):
     # ---------------------------------------------------------------- weights
     @torch.no_grad()
     def apply_update(self, update: ValidatedUpdate) -> None:
+        self._sessions.clear()  # computed by the old weights
         params = dict(self.model.named_parameters())
         if update.lora is not None:
             self._apply_lora(update.lora, params)
@@ -259,6 +338,7 @@ class HFEngine(Engine):
 
     # ------------------------------------------------------------------ sleep
     def sleep(self, level: int) -> None:
+        self._sessions.clear()
         if level == 1:
             if self.device != "cpu":
                 self.model.to("cpu")

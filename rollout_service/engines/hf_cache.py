@@ -68,6 +68,18 @@ class PreallocatedLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.length
 
+    def seed(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Start from already computed positions: ``keys``/``values`` (batch, kv_heads, length, head_dim)
+        fill the first ``length`` slots (zeros where a row has fewer, masked by the caller)."""
+        self.dtype, self.device = keys.dtype, keys.device
+        self._key_buffer = self._allocate(keys, max(self.capacity, keys.shape[-2]))
+        self._value_buffer = self._allocate(values, max(self.capacity, keys.shape[-2]))
+        self._key_buffer[:, :, : keys.shape[-2]] = keys
+        self._value_buffer[:, :, : keys.shape[-2]] = values
+        self.length = keys.shape[-2]
+        self.is_initialized = True
+        self._refresh_views()
+
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self.is_initialized:
             self._key_buffer = self._key_buffer[indices]
@@ -91,6 +103,11 @@ class PreallocatedLayer(DynamicLayer):
     def reset(self) -> None:
         self.length = 0
         super().reset()
+
+
+def seeded_layers(cache: DynamicCache) -> bool:
+    """Whether ``cache`` can start from cached positions (every layer a :class:`PreallocatedLayer`)."""
+    return bool(cache.layers) and all(isinstance(layer, PreallocatedLayer) for layer in cache.layers)
 
 
 def decode_cache(config: PretrainedConfig, capacity: int) -> DynamicCache:
