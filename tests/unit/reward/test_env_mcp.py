@@ -34,8 +34,20 @@ def call(tool: str, **arguments) -> ToolCall:
     return ToolCall(tool, json.dumps(arguments), f"id-{tool}")
 
 
+def running(marker: str) -> list[psutil.Process]:
+    """Live child processes of this test whose command line contains ``marker``."""
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if marker in " ".join(process.cmdline()) and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except psutil.Error:  # exited meanwhile
+            pass
+    return found
+
+
 def servers() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if "tests.support.mcp_server" in p.cmdline()]
+    return running("tests.support.mcp_server")
 
 
 async def test_tools_calls_and_isolation():
@@ -102,18 +114,9 @@ async def test_a_server_that_does_not_start_is_failed_precondition():
 
 
 async def test_a_hanging_server_start_times_out():
-    settings = {"command": sys.executable, "args": ["-c", "import time; time.sleep(60)"]}
-    episodes = EpisodeRegistry(
-        build_environments(
-            EnvironmentSettings.model_validate({"open_timeout_s": 1, "mcp": {"silent": settings}}),
-            None,
-            "",
-            ThreadPoolExecutor(1),
-        ),
-        EnvironmentSettings.model_validate({"open_timeout_s": 1}),
-    )
+    silent = {"command": sys.executable, "args": ["-c", "import time; time.sleep(60)"]}
+    settings = EnvironmentSettings.model_validate({"open_timeout_s": 1, "mcp": {"silent": silent}})
+    episodes = EpisodeRegistry(build_environments(settings, None, "", ThreadPoolExecutor(1)), settings)
     with pytest.raises(FailedPrecondition, match="did not open an episode within 1s"):
         await episodes.open("silent", {}, {})
-    assert not [
-        p for p in psutil.Process().children(recursive=True) if "time.sleep(60)" in " ".join(p.cmdline())
-    ]
+    assert not running("time.sleep(60)")
