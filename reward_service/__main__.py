@@ -1,13 +1,19 @@
-"""``python -m reward_service --port P [--config FILE]``: serve RewardService and RewardAdminService."""
+"""``python -m reward_service [--port P] [--config FILE] [--http-port P] | stress CONFIG.yaml [--target T]``.
+
+Serving RewardService and RewardAdminService (and the HTTP endpoint) is here; ``stress`` is
+:mod:`reward_service.cli`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from grpo_runtime.cli import run_service
 from grpo_runtime.server import Cleanup, ServiceBinding
+from reward_service.cli import stress
 from reward_service.server import build
 from reward_service.settings import load_settings
 
@@ -29,14 +35,17 @@ async def _build(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[li
     return await build(load_settings(settings))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "stress":
+        return stress(args[1:])
     return run_service(
         prog="reward_service",
         description="GRPO reward service: built-in rewards, code sandbox, PRM/ORM reward models.",
         default_port=50051,
         build=_build,
         add_arguments=_add_arguments,
-        argv=argv,
+        argv=args,
     )
 
 

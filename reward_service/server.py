@@ -14,6 +14,7 @@ from grpo_runtime.server import Cleanup, ServiceBinding
 from reward_service.api.environment import EnvironmentServicer
 from reward_service.api.reward import RewardServicer
 from reward_service.core.scorer import ScoreLimits, Scorer
+from reward_service.core.stress import StressLimits
 from reward_service.environments.host import EnvironmentHost, start_environments
 from reward_service.http.app import HttpEndpoint
 from reward_service.mathverify.pool import MathVerifyPool
@@ -63,7 +64,13 @@ class RewardService:
     def bindings(self) -> list[ServiceBinding]:
         bindings = [
             ServiceBinding(
-                servicer=RewardServicer(self.scorer, self.settings.stream_window),
+                servicer=RewardServicer(
+                    self.scorer,
+                    self.settings.stream_window,
+                    StressLimits(
+                        max_samples=self.settings.stress_max_samples, score_batch=self.settings.max_samples
+                    ),
+                ),
                 add_to_server=reward_pb2_grpc.add_RewardServiceServicer_to_server,
                 descriptor=reward_pb2.DESCRIPTOR.services_by_name["RewardService"],
                 # OpenRLHF's HTTP protocol, scored by the same scorer (http.port / --http-port).

@@ -61,6 +61,13 @@ class RewardSettings(BaseModel):
         "threads than cores keep one slow request from queueing the others).",
     )
     stream_window: int = Field(4, ge=1, description="Requests of one ScoreStream scored at the same time.")
+    stress_max_samples: int = Field(
+        16,
+        ge=1,
+        le=1024,
+        description="Reference samples of one StressReward request (each becomes one completion per "
+        "attack); more is RESOURCE_EXHAUSTED.",
+    )
     mathverify: MathVerifySettings = Field(default_factory=MathVerifySettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     models: ModelSettings = Field(default_factory=ModelSettings)

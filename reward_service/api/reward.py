@@ -7,15 +7,17 @@ from collections.abc import AsyncIterator
 import grpc
 from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 
-from reward_service.api import convert
+from reward_service.api import convert, stress_convert
 from reward_service.core.scorer import Scorer
+from reward_service.core.stress import StressLimits, stress
 from reward_service.core.types import RewardRequest, Sample
 
 
 class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
-    def __init__(self, scorer: Scorer, stream_window: int):
+    def __init__(self, scorer: Scorer, stream_window: int, stress_limits: StressLimits):
         self._scorer = scorer
         self._window = stream_window
+        self._stress_limits = stress_limits
 
     async def Score(self, request: reward_pb2.ScoreRequest, context: grpc.aio.ServicerContext):
         samples, rewards = convert.score_request(request)
@@ -33,3 +35,12 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
 
     async def ListRewards(self, request: reward_pb2.ListRewardsRequest, context: grpc.aio.ServicerContext):
         return convert.list_rewards_response(self._scorer.describe())
+
+    async def StressReward(
+        self, request: reward_pb2.StressRewardRequest, context: grpc.aio.ServicerContext
+    ) -> reward_pb2.StressRewardResponse:
+        samples, rewards, threshold, attacks = stress_convert.stress_request(request)
+        report = await stress(
+            self._scorer, samples, rewards, threshold=threshold, attacks=attacks, limits=self._stress_limits
+        )
+        return stress_convert.stress_response(report)

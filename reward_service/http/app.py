@@ -19,6 +19,7 @@ from aiohttp import web
 from grpo_runtime.config import ServerConfig
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, ServiceError
 from grpo_runtime.server import BindError
+from reward_service.core.bounds import reward_bounds
 from reward_service.core.scorer import Scorer
 from reward_service.http import openrlhf
 from reward_service.http.settings import HttpSettings
@@ -70,7 +71,7 @@ class RewardHttpApi:
         except ServiceError as exc:
             status, headers = _status_of(exc)
             return _error(status, exc, headers)
-        bounds = self._settings.score_range or openrlhf.score_bounds(rewards, self._scorer.describe())
+        bounds = self._settings.score_range or reward_bounds(rewards, self._scorer.describe())
         return web.json_response(
             openrlhf.response_of(results, rewards, bounds, self._settings.missing_reward)
         )

@@ -36,7 +36,7 @@ from typing import Any
 
 from grpo_runtime.errors import InvalidArgument
 from reward_service.api.convert import MAX_STRUCT_DEPTH
-from reward_service.core.types import Message, RewardDescription, RewardRequest, Sample, SampleResult
+from reward_service.core.types import Message, RewardRequest, Sample, SampleResult
 from reward_service.http.settings import HttpSettings
 
 
@@ -176,22 +176,6 @@ def rewards_of(query: Mapping[str, str], settings: HttpSettings) -> list[RewardR
             )
         )
     return requests
-
-
-def score_bounds(
-    rewards: Sequence[RewardRequest], descriptions: Sequence[RewardDescription]
-) -> tuple[float, float] | None:
-    """[Σ weight·min, Σ weight·max] of the rewards' declared bounds (swapped for a negative weight), or
-    None when one of them declares no bound on a side, or the range is empty."""
-    by_name = {d.name: d for d in descriptions}
-    low = high = 0.0
-    for spec in rewards:
-        described = by_name.get(spec.name)
-        if described is None or described.min_value is None or described.max_value is None:
-            return None
-        ends = sorted((spec.weight * described.min_value, spec.weight * described.max_value))
-        low, high = low + ends[0], high + ends[1]
-    return (low, high) if high > low else None
 
 
 def response_of(

@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from grpo.common.v1 import common_pb2 as grpo_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgrpo/reward/v1/reward.proto\x12\x0egrpo.reward.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bgrpo/common/v1/common.proto\"\xa7\x01\n\x06Sample\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x06prompt\x18\x02 \x03(\x0b\x32\x1b.grpo.common.v1.ChatMessage\x12\x12\n\ncompletion\x18\x03 \x01(\t\x12\x16\n\x0e\x63ompletion_ids\x18\x04 \x03(\x05\x12)\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\r\n\x05group\x18\x06 \x01(\t\"c\n\nRewardSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x06weight\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\'\n\x06params\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructB\t\n\x07_weight\"d\n\x0cScoreRequest\x12\'\n\x07samples\x18\x01 \x03(\x0b\x32\x16.grpo.reward.v1.Sample\x12+\n\x07rewards\x18\x02 \x03(\x0b\x32\x1a.grpo.reward.v1.RewardSpec\"<\n\rScoreResponse\x12+\n\x06scores\x18\x01 \x03(\x0b\x32\x1b.grpo.reward.v1.SampleScore\"m\n\x0bSampleScore\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x06reward\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x32\n\ncomponents\x18\x03 \x03(\x0b\x32\x1e.grpo.reward.v1.ComponentScoreB\t\n\x07_reward\"`\n\x0e\x43omponentScore\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\x05value\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x0bstep_scores\x18\x03 \x03(\x01\x12\r\n\x05\x65rror\x18\x04 \x01(\tB\x08\n\x06_value\"\x14\n\x12ListRewardsRequest\"B\n\x13ListRewardsResponse\x12+\n\x07rewards\x18\x01 \x03(\x0b\x32\x1a.grpo.reward.v1.RewardInfo\"\xfb\x01\n\nRewardInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12+\n\x06params\x18\x03 \x03(\x0b\x32\x1b.grpo.reward.v1.RewardParam\x12\x19\n\x11required_metadata\x18\x04 \x03(\t\x12\x16\n\tmin_value\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x16\n\tmax_value\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x0bgroup_aware\x18\x07 \x01(\x08\x12\x11\n\tavailable\x18\x08 \x01(\x08\x12\x0e\n\x06status\x18\t \x01(\tB\x0c\n\n_min_valueB\x0c\n\n_max_value\"m\n\x0bRewardParam\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12-\n\rdefault_value\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\"\xba\x02\n\x10LoadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\'\n\x04kind\x18\x03 \x01(\x0e\x32\x19.grpo.reward.v1.ModelKind\x12-\n\nprm_format\x18\x04 \x01(\x0e\x32\x19.grpo.reward.v1.PrmFormat\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x19\n\x11trust_remote_code\x18\x07 \x01(\x08\x12\x12\n\nstep_token\x18\x08 \x01(\t\x12\x16\n\x0epositive_token\x18\t \x01(\t\x12\x16\n\x0enegative_token\x18\n \x01(\t\x12\x16\n\x0ejudge_template\x18\x0b \x01(\t\x12\x1c\n\x14judge_group_template\x18\x0c \x01(\t\"\xde\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\'\n\x04kind\x18\x03 \x01(\x0e\x32\x19.grpo.reward.v1.ModelKind\x12-\n\nprm_format\x18\x04 \x01(\x0e\x32\x19.grpo.reward.v1.PrmFormat\x12\x0f\n\x07version\x18\x05 \x01(\x04\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12-\n\tloaded_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"=\n\x11LoadModelResponse\x12(\n\x05model\x18\x01 \x01(\x0b\x32\x19.grpo.reward.v1.ModelInfo\"\"\n\x12UnloadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13UnloadModelResponse\"\x13\n\x11ListModelsRequest\"?\n\x12ListModelsResponse\x12)\n\x06models\x18\x01 \x03(\x0b\x32\x19.grpo.reward.v1.ModelInfo*e\n\tModelKind\x12\x1a\n\x16MODEL_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eMODEL_KIND_PRM\x10\x01\x12\x12\n\x0eMODEL_KIND_ORM\x10\x02\x12\x14\n\x10MODEL_KIND_JUDGE\x10\x03*e\n\tPrmFormat\x12\x1a\n\x16PRM_FORMAT_UNSPECIFIED\x10\x00\x12#\n\x1fPRM_FORMAT_TOKEN_CLASSIFICATION\x10\x01\x12\x17\n\x13PRM_FORMAT_STEP_TAG\x10\x02\x32\xfd\x01\n\rRewardService\x12\x44\n\x05Score\x12\x1c.grpo.reward.v1.ScoreRequest\x1a\x1d.grpo.reward.v1.ScoreResponse\x12N\n\x0bScoreStream\x12\x1c.grpo.reward.v1.ScoreRequest\x1a\x1d.grpo.reward.v1.ScoreResponse(\x01\x30\x01\x12V\n\x0bListRewards\x12\".grpo.reward.v1.ListRewardsRequest\x1a#.grpo.reward.v1.ListRewardsResponse2\xa5\x02\n\x12RewardAdminService\x12V\n\tLoadModel\x12 .grpo.reward.v1.LoadModelRequest\x1a!.grpo.reward.v1.LoadModelResponse\"\x04\x88\xb5\x18\x01\x12\\\n\x0bUnloadModel\x12\".grpo.reward.v1.UnloadModelRequest\x1a#.grpo.reward.v1.UnloadModelResponse\"\x04\x88\xb5\x18\x01\x12Y\n\nListModels\x12!.grpo.reward.v1.ListModelsRequest\x1a\".grpo.reward.v1.ListModelsResponse\"\x04\x88\xb5\x18\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgrpo/reward/v1/reward.proto\x12\x0egrpo.reward.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bgrpo/common/v1/common.proto\"\xa7\x01\n\x06Sample\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x06prompt\x18\x02 \x03(\x0b\x32\x1b.grpo.common.v1.ChatMessage\x12\x12\n\ncompletion\x18\x03 \x01(\t\x12\x16\n\x0e\x63ompletion_ids\x18\x04 \x03(\x05\x12)\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\r\n\x05group\x18\x06 \x01(\t\"c\n\nRewardSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x06weight\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\'\n\x06params\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructB\t\n\x07_weight\"d\n\x0cScoreRequest\x12\'\n\x07samples\x18\x01 \x03(\x0b\x32\x16.grpo.reward.v1.Sample\x12+\n\x07rewards\x18\x02 \x03(\x0b\x32\x1a.grpo.reward.v1.RewardSpec\"<\n\rScoreResponse\x12+\n\x06scores\x18\x01 \x03(\x0b\x32\x1b.grpo.reward.v1.SampleScore\"m\n\x0bSampleScore\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x06reward\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x32\n\ncomponents\x18\x03 \x03(\x0b\x32\x1e.grpo.reward.v1.ComponentScoreB\t\n\x07_reward\"`\n\x0e\x43omponentScore\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\x05value\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x0bstep_scores\x18\x03 \x03(\x01\x12\r\n\x05\x65rror\x18\x04 \x01(\tB\x08\n\x06_value\"\xa2\x01\n\x13StressRewardRequest\x12\'\n\x07samples\x18\x01 \x03(\x0b\x32\x16.grpo.reward.v1.Sample\x12+\n\x07rewards\x18\x02 \x03(\x0b\x32\x1a.grpo.reward.v1.RewardSpec\x12\x16\n\tthreshold\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07\x61ttacks\x18\x04 \x03(\tB\x0c\n\n_threshold\"\x88\x01\n\x14StressRewardResponse\x12\x11\n\tthreshold\x18\x01 \x01(\x01\x12.\n\x07\x61ttacks\x18\x02 \x03(\x0b\x32\x1d.grpo.reward.v1.AttackOutcome\x12-\n\x08\x62\x61seline\x18\x03 \x03(\x0b\x32\x1b.grpo.reward.v1.SampleScore\"\xa9\x01\n\rAttackOutcome\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x0f\n\x07\x65xample\x18\x03 \x01(\t\x12+\n\x06scores\x18\x04 \x03(\x0b\x32\x1b.grpo.reward.v1.SampleScore\x12\x17\n\nmax_reward\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07\x66lagged\x18\x06 \x01(\x08\x42\r\n\x0b_max_reward\"\x14\n\x12ListRewardsRequest\"B\n\x13ListRewardsResponse\x12+\n\x07rewards\x18\x01 \x03(\x0b\x32\x1a.grpo.reward.v1.RewardInfo\"\xfb\x01\n\nRewardInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12+\n\x06params\x18\x03 \x03(\x0b\x32\x1b.grpo.reward.v1.RewardParam\x12\x19\n\x11required_metadata\x18\x04 \x03(\t\x12\x16\n\tmin_value\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x16\n\tmax_value\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x0bgroup_aware\x18\x07 \x01(\x08\x12\x11\n\tavailable\x18\x08 \x01(\x08\x12\x0e\n\x06status\x18\t \x01(\tB\x0c\n\n_min_valueB\x0c\n\n_max_value\"m\n\x0bRewardParam\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12-\n\rdefault_value\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\"\xba\x02\n\x10LoadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\'\n\x04kind\x18\x03 \x01(\x0e\x32\x19.grpo.reward.v1.ModelKind\x12-\n\nprm_format\x18\x04 \x01(\x0e\x32\x19.grpo.reward.v1.PrmFormat\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x19\n\x11trust_remote_code\x18\x07 \x01(\x08\x12\x12\n\nstep_token\x18\x08 \x01(\t\x12\x16\n\x0epositive_token\x18\t \x01(\t\x12\x16\n\x0enegative_token\x18\n \x01(\t\x12\x16\n\x0ejudge_template\x18\x0b \x01(\t\x12\x1c\n\x14judge_group_template\x18\x0c \x01(\t\"\xde\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\'\n\x04kind\x18\x03 \x01(\x0e\x32\x19.grpo.reward.v1.ModelKind\x12-\n\nprm_format\x18\x04 \x01(\x0e\x32\x19.grpo.reward.v1.PrmFormat\x12\x0f\n\x07version\x18\x05 \x01(\x04\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12-\n\tloaded_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"=\n\x11LoadModelResponse\x12(\n\x05model\x18\x01 \x01(\x0b\x32\x19.grpo.reward.v1.ModelInfo\"\"\n\x12UnloadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13UnloadModelResponse\"\x13\n\x11ListModelsRequest\"?\n\x12ListModelsResponse\x12)\n\x06models\x18\x01 \x03(\x0b\x32\x19.grpo.reward.v1.ModelInfo*e\n\tModelKind\x12\x1a\n\x16MODEL_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eMODEL_KIND_PRM\x10\x01\x12\x12\n\x0eMODEL_KIND_ORM\x10\x02\x12\x14\n\x10MODEL_KIND_JUDGE\x10\x03*e\n\tPrmFormat\x12\x1a\n\x16PRM_FORMAT_UNSPECIFIED\x10\x00\x12#\n\x1fPRM_FORMAT_TOKEN_CLASSIFICATION\x10\x01\x12\x17\n\x13PRM_FORMAT_STEP_TAG\x10\x02\x32\xd8\x02\n\rRewardService\x12\x44\n\x05Score\x12\x1c.grpo.reward.v1.ScoreRequest\x1a\x1d.grpo.reward.v1.ScoreResponse\x12N\n\x0bScoreStream\x12\x1c.grpo.reward.v1.ScoreRequest\x1a\x1d.grpo.reward.v1.ScoreResponse(\x01\x30\x01\x12V\n\x0bListRewards\x12\".grpo.reward.v1.ListRewardsRequest\x1a#.grpo.reward.v1.ListRewardsResponse\x12Y\n\x0cStressReward\x12#.grpo.reward.v1.StressRewardRequest\x1a$.grpo.reward.v1.StressRewardResponse2\xa5\x02\n\x12RewardAdminService\x12V\n\tLoadModel\x12 .grpo.reward.v1.LoadModelRequest\x1a!.grpo.reward.v1.LoadModelResponse\"\x04\x88\xb5\x18\x01\x12\\\n\x0bUnloadModel\x12\".grpo.reward.v1.UnloadModelRequest\x1a#.grpo.reward.v1.UnloadModelResponse\"\x04\x88\xb5\x18\x01\x12Y\n\nListModels\x12!.grpo.reward.v1.ListModelsRequest\x1a\".grpo.reward.v1.ListModelsResponse\"\x04\x88\xb5\x18\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,10 +40,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REWARDADMINSERVICE'].methods_by_name['UnloadModel']._serialized_options = b'\210\265\030\001'
   _globals['_REWARDADMINSERVICE'].methods_by_name['ListModels']._loaded_options = None
   _globals['_REWARDADMINSERVICE'].methods_by_name['ListModels']._serialized_options = b'\210\265\030\001'
-  _globals['_MODELKIND']._serialized_start=1988
-  _globals['_MODELKIND']._serialized_end=2089
-  _globals['_PRMFORMAT']._serialized_start=2091
-  _globals['_PRMFORMAT']._serialized_end=2192
+  _globals['_MODELKIND']._serialized_start=2464
+  _globals['_MODELKIND']._serialized_end=2565
+  _globals['_PRMFORMAT']._serialized_start=2567
+  _globals['_PRMFORMAT']._serialized_end=2668
   _globals['_SAMPLE']._serialized_start=140
   _globals['_SAMPLE']._serialized_end=307
   _globals['_REWARDSPEC']._serialized_start=309
@@ -56,30 +56,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLESCORE']._serialized_end=683
   _globals['_COMPONENTSCORE']._serialized_start=685
   _globals['_COMPONENTSCORE']._serialized_end=781
-  _globals['_LISTREWARDSREQUEST']._serialized_start=783
-  _globals['_LISTREWARDSREQUEST']._serialized_end=803
-  _globals['_LISTREWARDSRESPONSE']._serialized_start=805
-  _globals['_LISTREWARDSRESPONSE']._serialized_end=871
-  _globals['_REWARDINFO']._serialized_start=874
-  _globals['_REWARDINFO']._serialized_end=1125
-  _globals['_REWARDPARAM']._serialized_start=1127
-  _globals['_REWARDPARAM']._serialized_end=1236
-  _globals['_LOADMODELREQUEST']._serialized_start=1239
-  _globals['_LOADMODELREQUEST']._serialized_end=1553
-  _globals['_MODELINFO']._serialized_start=1556
-  _globals['_MODELINFO']._serialized_end=1778
-  _globals['_LOADMODELRESPONSE']._serialized_start=1780
-  _globals['_LOADMODELRESPONSE']._serialized_end=1841
-  _globals['_UNLOADMODELREQUEST']._serialized_start=1843
-  _globals['_UNLOADMODELREQUEST']._serialized_end=1877
-  _globals['_UNLOADMODELRESPONSE']._serialized_start=1879
-  _globals['_UNLOADMODELRESPONSE']._serialized_end=1900
-  _globals['_LISTMODELSREQUEST']._serialized_start=1902
-  _globals['_LISTMODELSREQUEST']._serialized_end=1921
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1923
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1986
-  _globals['_REWARDSERVICE']._serialized_start=2195
-  _globals['_REWARDSERVICE']._serialized_end=2448
-  _globals['_REWARDADMINSERVICE']._serialized_start=2451
-  _globals['_REWARDADMINSERVICE']._serialized_end=2744
+  _globals['_STRESSREWARDREQUEST']._serialized_start=784
+  _globals['_STRESSREWARDREQUEST']._serialized_end=946
+  _globals['_STRESSREWARDRESPONSE']._serialized_start=949
+  _globals['_STRESSREWARDRESPONSE']._serialized_end=1085
+  _globals['_ATTACKOUTCOME']._serialized_start=1088
+  _globals['_ATTACKOUTCOME']._serialized_end=1257
+  _globals['_LISTREWARDSREQUEST']._serialized_start=1259
+  _globals['_LISTREWARDSREQUEST']._serialized_end=1279
+  _globals['_LISTREWARDSRESPONSE']._serialized_start=1281
+  _globals['_LISTREWARDSRESPONSE']._serialized_end=1347
+  _globals['_REWARDINFO']._serialized_start=1350
+  _globals['_REWARDINFO']._serialized_end=1601
+  _globals['_REWARDPARAM']._serialized_start=1603
+  _globals['_REWARDPARAM']._serialized_end=1712
+  _globals['_LOADMODELREQUEST']._serialized_start=1715
+  _globals['_LOADMODELREQUEST']._serialized_end=2029
+  _globals['_MODELINFO']._serialized_start=2032
+  _globals['_MODELINFO']._serialized_end=2254
+  _globals['_LOADMODELRESPONSE']._serialized_start=2256
+  _globals['_LOADMODELRESPONSE']._serialized_end=2317
+  _globals['_UNLOADMODELREQUEST']._serialized_start=2319
+  _globals['_UNLOADMODELREQUEST']._serialized_end=2353
+  _globals['_UNLOADMODELRESPONSE']._serialized_start=2355
+  _globals['_UNLOADMODELRESPONSE']._serialized_end=2376
+  _globals['_LISTMODELSREQUEST']._serialized_start=2378
+  _globals['_LISTMODELSREQUEST']._serialized_end=2397
+  _globals['_LISTMODELSRESPONSE']._serialized_start=2399
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2462
+  _globals['_REWARDSERVICE']._serialized_start=2671
+  _globals['_REWARDSERVICE']._serialized_end=3015
+  _globals['_REWARDADMINSERVICE']._serialized_start=3018
+  _globals['_REWARDADMINSERVICE']._serialized_end=3311
 # @@protoc_insertion_point(module_scope)

@@ -94,6 +94,44 @@ class ComponentScore(_message.Message):
     error: str
     def __init__(self, name: _Optional[str] = ..., value: _Optional[float] = ..., step_scores: _Optional[_Iterable[float]] = ..., error: _Optional[str] = ...) -> None: ...
 
+class StressRewardRequest(_message.Message):
+    __slots__ = ("samples", "rewards", "threshold", "attacks")
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    ATTACKS_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[Sample]
+    rewards: _containers.RepeatedCompositeFieldContainer[RewardSpec]
+    threshold: float
+    attacks: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., rewards: _Optional[_Iterable[_Union[RewardSpec, _Mapping]]] = ..., threshold: _Optional[float] = ..., attacks: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StressRewardResponse(_message.Message):
+    __slots__ = ("threshold", "attacks", "baseline")
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    ATTACKS_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_FIELD_NUMBER: _ClassVar[int]
+    threshold: float
+    attacks: _containers.RepeatedCompositeFieldContainer[AttackOutcome]
+    baseline: _containers.RepeatedCompositeFieldContainer[SampleScore]
+    def __init__(self, threshold: _Optional[float] = ..., attacks: _Optional[_Iterable[_Union[AttackOutcome, _Mapping]]] = ..., baseline: _Optional[_Iterable[_Union[SampleScore, _Mapping]]] = ...) -> None: ...
+
+class AttackOutcome(_message.Message):
+    __slots__ = ("name", "description", "example", "scores", "max_reward", "flagged")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLE_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    MAX_REWARD_FIELD_NUMBER: _ClassVar[int]
+    FLAGGED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    example: str
+    scores: _containers.RepeatedCompositeFieldContainer[SampleScore]
+    max_reward: float
+    flagged: bool
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., example: _Optional[str] = ..., scores: _Optional[_Iterable[_Union[SampleScore, _Mapping]]] = ..., max_reward: _Optional[float] = ..., flagged: _Optional[bool] = ...) -> None: ...
+
 class ListRewardsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

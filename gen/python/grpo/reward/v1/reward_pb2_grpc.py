@@ -56,6 +56,11 @@ class RewardServiceStub:
                 request_serializer=grpo_dot_reward_dot_v1_dot_reward__pb2.ListRewardsRequest.SerializeToString,
                 response_deserializer=grpo_dot_reward_dot_v1_dot_reward__pb2.ListRewardsResponse.FromString,
                 _registered_method=True)
+        self.StressReward = channel.unary_unary(
+                '/grpo.reward.v1.RewardService/StressReward',
+                request_serializer=grpo_dot_reward_dot_v1_dot_reward__pb2.StressRewardRequest.SerializeToString,
+                response_deserializer=grpo_dot_reward_dot_v1_dot_reward__pb2.StressRewardResponse.FromString,
+                _registered_method=True)
 
 
 class RewardServiceServicer:
@@ -97,6 +102,18 @@ class RewardServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StressReward(self, request, context):
+        """Probes a reward configuration for reward hacking: builds attack
+        completions (empty answer, length padding, repetition, echoing the prompt
+        or the gold, several boxed answers, format tags without content, ...) from
+        each reference sample, scores them as Score does and reports which reach
+        the threshold. INVALID_ARGUMENT / RESOURCE_EXHAUSTED as Score, naming the
+        field.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RewardServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -114,6 +131,11 @@ def add_RewardServiceServicer_to_server(servicer, server):
                     servicer.ListRewards,
                     request_deserializer=grpo_dot_reward_dot_v1_dot_reward__pb2.ListRewardsRequest.FromString,
                     response_serializer=grpo_dot_reward_dot_v1_dot_reward__pb2.ListRewardsResponse.SerializeToString,
+            ),
+            'StressReward': grpc.unary_unary_rpc_method_handler(
+                    servicer.StressReward,
+                    request_deserializer=grpo_dot_reward_dot_v1_dot_reward__pb2.StressRewardRequest.FromString,
+                    response_serializer=grpo_dot_reward_dot_v1_dot_reward__pb2.StressRewardResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -204,6 +226,33 @@ class RewardService:
             '/grpo.reward.v1.RewardService/ListRewards',
             grpo_dot_reward_dot_v1_dot_reward__pb2.ListRewardsRequest.SerializeToString,
             grpo_dot_reward_dot_v1_dot_reward__pb2.ListRewardsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StressReward(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grpo.reward.v1.RewardService/StressReward',
+            grpo_dot_reward_dot_v1_dot_reward__pb2.StressRewardRequest.SerializeToString,
+            grpo_dot_reward_dot_v1_dot_reward__pb2.StressRewardResponse.FromString,
             options,
             channel_credentials,
             insecure,
