@@ -7,7 +7,8 @@
         await env.close_episode(episode.episode_id)
 
 Tool failures (bad arguments, unknown tool, a tool that raised or timed out) are data: they come back as
-``ToolResult(error=True)``. Only a failed RPC raises :class:`EnvironmentServiceError`, with the status code.
+``ToolResult(error=True)``. Only a failed RPC raises, the :class:`~grpo_runtime.call_errors.ServiceCallError`
+of its status (``NotFoundError`` for an unknown episode, ``InvalidArgumentError`` naming the field, ...).
 UNAVAILABLE is retried by the channel's retry policy (``grpo_runtime.client``); Step is not retried beyond it,
 because tool calls may have effects.
 """
@@ -21,6 +22,7 @@ import grpc
 from google.protobuf import json_format, struct_pb2
 from grpo.env.v1 import env_pb2, env_pb2_grpc
 
+from grpo_runtime.call_errors import call_error
 from grpo_runtime.client import ChannelConfig, create_channel
 from grpo_runtime.env_types import (
     EnvironmentInfo,
@@ -35,7 +37,6 @@ from grpo_runtime.env_types import (
 __all__ = [
     "EnvironmentClient",
     "EnvironmentInfo",
-    "EnvironmentServiceError",
     "Episode",
     "EpisodeReward",
     "StepOutcome",
@@ -43,15 +44,6 @@ __all__ = [
     "ToolDefinition",
     "ToolResult",
 ]
-
-
-class EnvironmentServiceError(RuntimeError):
-    """An EnvironmentService call failed; ``code`` is the gRPC status code, ``details`` the server's text."""
-
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(f"environment service: {code.name}: {details}")
-        self.code = code
-        self.details = details
 
 
 def _struct(value: Mapping[str, Any] | None) -> struct_pb2.Struct:
@@ -90,7 +82,7 @@ class EnvironmentClient:
         try:
             return await method(request, timeout=self._timeout_s)
         except grpc.aio.AioRpcError as error:
-            raise EnvironmentServiceError(error.code(), error.details() or "") from error
+            raise call_error(error, "environment service") from error
 
     async def list_environments(self) -> list[EnvironmentInfo]:
         response = await self._call(self._stub.ListEnvironments, env_pb2.ListEnvironmentsRequest())

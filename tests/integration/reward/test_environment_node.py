@@ -15,7 +15,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from grpo_runtime.env_client import EnvironmentClient, EnvironmentServiceError, ToolCall
+from grpo_runtime.call_errors import ServiceCallError
+from grpo_runtime.env_client import EnvironmentClient, ToolCall
 
 NODE_DIR = Path(__file__).resolve().parents[3] / "examples" / "node"
 LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
@@ -135,12 +136,12 @@ async def test_bad_calls_are_error_results_and_caller_errors_are_statuses(node_e
             (env.step("missing", [guess(1)]), grpc.StatusCode.NOT_FOUND, "episode_id: "),
             (env.get_reward("missing"), grpc.StatusCode.NOT_FOUND, "episode_id: "),
         ]:
-            with pytest.raises(EnvironmentServiceError) as info:
+            with pytest.raises(ServiceCallError) as info:
                 await coro
             assert info.value.code == code and info.value.details.startswith(prefix), info.value
 
         opened = [(await env.open_episode("guess-number")).episode_id for _ in range(3)]
-        with pytest.raises(EnvironmentServiceError) as info:
+        with pytest.raises(ServiceCallError) as info:
             await env.open_episode("guess-number")
         assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         for episode_id in opened:
