@@ -290,8 +290,9 @@ class LengthReward:
     ``λ = 0.5 − (len − min_len) / (max_len − min_len)`` with len in characters and min/max over the group;
     correct → λ, wrong → min(0, λ); all lengths equal → 0.0.
 
-    Differs from open-r1 in one place: open-r1 counts an unparseable gold as correct; here such a sample gets
-    no value (an error), as TRL's accuracy does. Its length still counts toward the group's min/max.
+    Correctness is ``accuracy``'s, with its math-verify params. Differs from open-r1 in one place: open-r1
+    counts an unparseable gold as correct; here such a sample gets no value (an error), as TRL's accuracy
+    does. Its length still counts toward the group's min/max.
     """
 
     def __init__(self, pool: MathVerifyPool):
@@ -300,7 +301,7 @@ class LengthReward:
             name="length",
             description="Kimi 1.5: λ = 0.5 - (len-min)/(max-min) over the group (chars); "
             "correct -> λ, wrong -> min(0, λ) (open-r1 len_reward).",
-            params=(ANSWER_KEY,),
+            params=(ANSWER_KEY, *MATH_PARAMS),
             required_metadata=("answer",),
             min_value=-0.5,
             max_value=0.5,
@@ -308,7 +309,7 @@ class LengthReward:
         )
 
     async def score(self, samples: Sequence[Sample], params: dict[str, Any]) -> list[ComponentResult]:
-        correct = await correctness(self._pool, samples, params["answer_key"])
+        correct = await correctness(self._pool, samples, params["answer_key"], math_options(params))
         results: list[ComponentResult] = [ComponentResult() for _ in samples]
         for members in group_indices(samples):
             lengths = {i: len(samples[i].completion) for i in members}
@@ -342,7 +343,8 @@ def cosine_value(correct: bool, length: int, params: dict[str, Any]) -> float:
 
 class CosineReward:
     """Cosine-scaled correctness reward (arXiv 2502.03373 App. C.1; TRL ``get_cosine_scaled_reward``,
-    open-r1 ``get_cosine_scaled_reward``). See ``cosine_value``."""
+    open-r1 ``get_cosine_scaled_reward``). See ``cosine_value``; correctness is ``accuracy``'s, with its
+    math-verify params."""
 
     def __init__(self, pool: MathVerifyPool):
         self._pool = pool
@@ -367,6 +369,7 @@ class CosineReward:
                 ),
                 ParamInfo("clamp", "boolean", True, "Clamp len/max_len to 1 (TRL); false = open-r1."),
                 ANSWER_KEY,
+                *MATH_PARAMS,
             ),
             required_metadata=("answer",),
             min_value=-1.0,
@@ -374,7 +377,7 @@ class CosineReward:
         )
 
     async def score(self, samples: Sequence[Sample], params: dict[str, Any]) -> list[ComponentResult]:
-        correct = await correctness(self._pool, samples, params["answer_key"])
+        correct = await correctness(self._pool, samples, params["answer_key"], math_options(params))
         results = []
         for s, c in zip(samples, correct, strict=True):
             if c.value is None:

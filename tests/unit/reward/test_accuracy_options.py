@@ -14,7 +14,14 @@ from reward_service.core.types import Sample
 from reward_service.mathverify.options import MATH_VERIFY, TRL
 from reward_service.mathverify.pool import MathVerifyPool
 from reward_service.mathverify.settings import MathVerifySettings
-from reward_service.rewards.accuracy import Accuracy, ReasoningAccuracy, final_answer, math_options
+from reward_service.rewards.accuracy import (
+    Accuracy,
+    CosineReward,
+    LengthReward,
+    ReasoningAccuracy,
+    final_answer,
+    math_options,
+)
 from reward_service.rewards.base import ThreadRunner
 from reward_service.rewards.params import resolve_params
 
@@ -128,6 +135,25 @@ def test_options_map_onto_the_presets_and_trl_config():
     )
     default = LatexExtractionConfig().normalization_config
     assert (MATH_VERIFY.malformed_operators, MATH_VERIFY.nits) == (default.malformed_operators, default.nits)
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_length_and_cosine_judge_correctness_with_the_same_params(pool):
+    # "I think it is 42" is right for math-verify's defaults, unreadable (wrong) for TRL's.
+    samples = [
+        Sample(id="a", completion="I think it is 42", metadata={"answer": "42"}, group="g"),
+        Sample(id="b", completion="I think it is 42, surely", metadata={"answer": "42"}, group="g"),
+    ]
+    cosine, length = CosineReward(pool), LengthReward(pool)
+    for reward, trl_values, math_verify_values in (
+        (cosine, lambda v: all(x < 0 for x in v), lambda v: all(x > 0 for x in v)),
+        (length, lambda v: v == [0.0, -0.5], lambda v: v == [0.5, -0.5]),
+    ):
+        for given, check in (({}, trl_values), ({"defaults": "math_verify"}, math_verify_values)):
+            params = resolve_params(reward.description.params, given, "p")
+            values = [r.value for r in await reward.score(samples, params)]
+            assert check(values), (reward.description.name, given, values)
 
 
 @pytest.mark.parametrize(
