@@ -31,7 +31,12 @@ LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 class ConfigError(ValueError):
-    """A configuration problem, already phrased as one line naming the key."""
+    """A configuration problem, phrased as one line naming the key: ``"<key>: <message>"`` when ``key`` (the
+    dotted config key, ``training.lr``) is given apart, else ``message`` already names it."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        self.key = key
+        super().__init__(f"{key}: {message}" if key else message)
 
 
 class ServerConfig(BaseModel):

@@ -40,8 +40,9 @@ from pydantic import (
     model_validator,
 )
 
-from grpo_runtime.config import ConfigError as RuntimeConfigError
-from grpo_runtime.config import safe_load_yaml, validation_errors
+# A config that cannot run raises the runtime's ConfigError naming the dotted key (``training.lr: must be
+# > 0``), so whatever handles a service's config error handles a run config's too.
+from grpo_runtime.config import ConfigError, safe_load_yaml, validation_errors
 from trainer_service.config.rollout_targets import parse_target
 from trainer_service.config.variants import (
     PAPER_CLIP_RANGES,
@@ -52,16 +53,6 @@ from trainer_service.config.variants import (
 
 # |weight| of one reward term; larger weights only overflow the weighted sum.
 MAX_REWARD_WEIGHT = 1e6
-
-
-class ConfigError(RuntimeConfigError):
-    """A config that cannot run; the message names the dotted key (``training.lr: must be > 0``), and ``key``
-    holds it. The runtime's ConfigError with the key kept apart, so whatever handles a service's config error
-    handles a run config's too."""
-
-    def __init__(self, message: str, key: str | None = None):
-        self.key = key
-        super().__init__(f"{key}: {message}" if key else message)
 
 
 class _Strict(BaseModel):
@@ -544,7 +535,7 @@ def parse_config(source: str | dict[str, Any]) -> RunConfig:
     if isinstance(source, str):
         try:
             raw: Any = safe_load_yaml(source, what="config")
-        except RuntimeConfigError as exc:
+        except ConfigError as exc:
             raise ConfigError(str(exc).removeprefix("config: ")) from exc
     else:
         raw = source
