@@ -49,6 +49,12 @@ TRUNCATION_MARK = "\n[output truncated]"
 OPEN_RETRY_AFTER_S = 1.0
 
 
+def valid_text(text: str) -> str:
+    """``text`` with what UTF-8 cannot encode (lone surrogates a tool may return) replaced by '?': protobuf
+    refuses to serialise such a string, which would fail the whole RPC."""
+    return text.encode("utf-8", errors="replace").decode("utf-8")
+
+
 def cap(text: str, limit: int) -> tuple[str, bool]:
     """``text`` cut to at most ``limit`` characters (the mark included); (text, whether it was cut)."""
     if len(text) <= limit:
@@ -163,7 +169,7 @@ class EpisodeRegistry:
             self._opening -= 1
         episode = _Episode(secrets.token_urlsafe(16), env.name, session, _tools(session.tools))
         self._episodes[episode.id] = episode
-        return Episode(episode.id, tuple(session.tools), session.prompt_suffix)
+        return Episode(episode.id, tuple(session.tools), valid_text(session.prompt_suffix))
 
     async def _open_session(self, env: Environment, metadata: dict[str, Any]) -> Session:
         timeout = self._settings.open_timeout_s
@@ -214,7 +220,7 @@ class EpisodeRegistry:
             content, error = str(exc) or type(exc).__name__, True
             if isinstance(exc, SessionBroken) and not episode.broken:
                 episode.broken = content
-        text, truncated = cap(content, self._settings.max_result_chars)
+        text, truncated = cap(valid_text(content), self._settings.max_result_chars)
         return ToolResult(call.id, call.name, text, error=error, truncated=truncated)
 
     async def _run(self, episode: _Episode, call: ToolCall) -> str:

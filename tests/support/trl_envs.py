@@ -81,6 +81,10 @@ class Misbehaving:
         """
         raise ValueError(message)
 
+    def surrogate(self) -> str:
+        """Returns text with a lone surrogate, which UTF-8 cannot encode."""
+        return "bad \ud800 text"
+
     def secret(self) -> str:
         """Reads the test secret from the service's environment."""
         return os.environ.get("GRPO_TEST_SECRET", "")

@@ -162,6 +162,8 @@ async def test_hanging_and_flooding_tools(env):
     episode = await env.open_episode("misbehaving")
     (flood,) = (await env.step(episode.episode_id, [ToolCall("flood", '{"chars": 100000}')])).results
     assert flood.truncated and len(flood.content) == 500
+    (surrogate,) = (await env.step(episode.episode_id, [ToolCall("surrogate", "{}")])).results
+    assert (surrogate.content, surrogate.error) == ("bad ? text", False)
     (secret,) = (await env.step(episode.episode_id, [ToolCall("secret", "{}")])).results
     assert not secret.error  # a TRL class runs in the service: it is trusted code, allow-listed in settings
     outcome = await env.step(episode.episode_id, [ToolCall("hang", '{"seconds": 5}')])
