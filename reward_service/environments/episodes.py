@@ -252,11 +252,14 @@ class EpisodeRegistry:
             except TimeoutError:
                 return EpisodeReward(None, f"get_reward did not finish within {timeout:g}s")
             except Exception as exc:
-                return EpisodeReward(None, f"get_reward failed: {type(exc).__name__}: {exc}"[:1000])
+                reason = f"get_reward failed: {type(exc).__name__}: {exc}"
+                return EpisodeReward(None, valid_text(reason[:1000]))
         if value is None:
             return EpisodeReward(None)
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-            return EpisodeReward(None, f"get_reward returned {str(value)[:100]!r}, not a finite number")
+            return EpisodeReward(
+                None, valid_text(f"get_reward returned {str(value)[:100]!r}, not a finite number")
+            )
         return EpisodeReward(float(value))
 
     async def close(self, episode_id: str) -> bool:
