@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from grpo.env.v1 import env_pb2, env_pb2_grpc
 from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
@@ -17,6 +17,7 @@ from reward_service.core.scorer import ScoreLimits, Scorer
 from reward_service.core.stress import StressLimits
 from reward_service.environments.host import EnvironmentHost, start_environments
 from reward_service.http.app import HttpEndpoint
+from reward_service.judges.remote import RemoteJudge, remote_judges
 from reward_service.mathverify.pool import MathVerifyPool
 from reward_service.rewards.base import ThreadRunner
 from reward_service.rewards.registry import builtin_rewards
@@ -60,6 +61,7 @@ class RewardService:
     settings: RewardSettings
     text_threads: ThreadPoolExecutor
     environments: EnvironmentHost | None = None
+    judges: dict[str, RemoteJudge] = field(default_factory=dict)
 
     def bindings(self) -> list[ServiceBinding]:
         bindings = [
@@ -103,6 +105,8 @@ class RewardService:
             await self.environments.close()
         if self.registry is not None:
             await self.registry.close()
+        for judge in self.judges.values():
+            await judge.close()
         await self.pool.close()
         self.text_threads.shutdown(wait=False, cancel_futures=True)
 
@@ -110,6 +114,7 @@ class RewardService:
 async def start_reward_service(settings: RewardSettings) -> RewardService:
     """Starts the math-verify workers (before any gRPC server exists: spawn, never fork), probes the
     sandbox and loads the preconfigured models."""
+    judges = remote_judges(settings.judges)  # reads their API tokens: a missing one fails here
     pool = MathVerifyPool(settings.mathverify)
     await pool.start()
     if ModelRegistry is None:
@@ -120,7 +125,7 @@ async def start_reward_service(settings: RewardSettings) -> RewardService:
             )
         registry = None
     else:
-        registry = ModelRegistry(settings.models)
+        registry = ModelRegistry(settings.models, reserved=frozenset(judges))
     environments = None
     try:
         sandbox, available, status = await open_sandbox(settings)
@@ -142,7 +147,7 @@ async def start_reward_service(settings: RewardSettings) -> RewardService:
     text_threads = ThreadPoolExecutor(settings.text_threads, thread_name_prefix="text-reward")
     runner = ThreadRunner(settings.text_deadline_s, settings.text_budget_s, text_threads)
     scorer = Scorer(
-        builtin_rewards(pool, sandbox, available, status, runner),
+        {**builtin_rewards(pool, sandbox, available, status, runner), **judges},
         registry,
         max_concurrent=settings.max_concurrent_requests,
         limits=ScoreLimits(
@@ -161,6 +166,7 @@ async def start_reward_service(settings: RewardSettings) -> RewardService:
         settings=settings,
         text_threads=text_threads,
         environments=environments,
+        judges=judges,
     )
 
 

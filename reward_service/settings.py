@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from grpo_runtime.config import ConfigError, format_validation_error
 from reward_service.environments.settings import EnvironmentSettings
 from reward_service.http.settings import HttpSettings
+from reward_service.judges.settings import RemoteJudgeSettings
 from reward_service.mathverify.settings import MathVerifySettings
 from reward_service.models.settings import ModelSettings
+from reward_service.models.spec import MODEL_NAME_RE
 from reward_service.sandbox.settings import SandboxSettings
 
 
@@ -73,6 +75,18 @@ class RewardSettings(BaseModel):
     models: ModelSettings = Field(default_factory=ModelSettings)
     environments: EnvironmentSettings = Field(default_factory=EnvironmentSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    judges: dict[str, RemoteJudgeSettings] = Field(
+        default_factory=dict,
+        description="Remote judges by name, scored as `judge:<name>` (OpenAI-compatible endpoints).",
+    )
+
+    @field_validator("judges")
+    @classmethod
+    def _judge_names(cls, judges: dict[str, RemoteJudgeSettings]) -> dict[str, RemoteJudgeSettings]:
+        for name in judges:
+            if not MODEL_NAME_RE.match(name):
+                raise ValueError(f"{name!r}: names are lowercase letters, digits, '-', '_' or '.'")
+        return judges
 
 
 def load_settings(raw: dict[str, Any] | None) -> RewardSettings:
