@@ -19,7 +19,7 @@ from grpo_runtime.cli import run_service
 from grpo_runtime.config import ServerConfig
 from grpo_runtime.env_client import EnvironmentClient
 from grpo_runtime.server import GrpcServer, ServiceBinding
-from rollout_service.api.servicer import RolloutServicer
+from rollout_service.api.rollout import RolloutServicer
 from rollout_service.core.rollout import RolloutCore
 from rollout_service.core.settings import RolloutSettings
 from rollout_service.engines.registry import build_engine, check_model_dir

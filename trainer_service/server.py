@@ -10,7 +10,7 @@ from grpo.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
 from grpo_runtime.cli import run_service
 from grpo_runtime.server import Cleanup, ServiceBinding
-from trainer_service.api.servicer import TrainerServicer
+from trainer_service.api.trainer import TrainerServicer
 from trainer_service.core.runs import RunManager
 from trainer_service.settings import DEFAULT_PORT, TrainerServiceSettings, load_settings
 

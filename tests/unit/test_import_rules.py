@@ -135,7 +135,7 @@ def test_the_trainer_reaches_other_services_only_through_their_clients(module):
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_grpc_errors_stay_inside_the_clients(module):
     """Callers catch the clients' ServiceCallError family; only gRPC's own layer handles grpc.RpcError."""
-    if module in ("trainer_service.api.servicer", "trainer_service.server"):
+    if module in ("trainer_service.api.trainer", "trainer_service.server"):
         return
     assert "RpcError" not in MODULES[module].read_text(), f"{module} handles grpc.RpcError itself"
 
