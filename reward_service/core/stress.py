@@ -14,6 +14,7 @@ Attacks that need the gold (``gold_*``, ``boxed_many``) are skipped for a sample
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -184,6 +185,8 @@ async def stress(
             f"{len(references)} samples, at most stress_max_samples={limits.max_samples} per request",
             field="samples",
         )
+    if threshold is not None and not math.isfinite(threshold):
+        raise InvalidArgument(f"must be finite, got {threshold}", field="threshold")
     chosen = _chosen(attacks)
     scorer.validate(references, rewards)  # the references' sizes and the rewards, named as in the request
     probes: list[Sample] = []

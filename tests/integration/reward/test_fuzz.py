@@ -139,6 +139,29 @@ def test_score_stream(channel, requests):
     _serving(channel)
 
 
+@FUZZ
+@given(
+    request=score_requests(),
+    threshold=st.none() | floats,
+    attacks=st.lists(st.sampled_from(["empty", "format_only", "gold_bare", "nope"]), max_size=3),
+)
+def test_stress_reward(channel, request, threshold, attacks):
+    stress = reward_pb2.StressRewardRequest(samples=request.samples, rewards=request.rewards, attacks=attacks)
+    if threshold is not None:
+        stress.threshold = threshold
+    stub = reward_pb2_grpc.RewardServiceStub(channel)
+    try:
+        reply = stub.StressReward(stress, timeout=120)
+    except grpc.RpcError as error:
+        assert error.code() in ALLOWED, (error.code(), error.details())
+    else:
+        assert math.isfinite(reply.threshold) and len(reply.baseline) == len(request.samples)
+        for attack in reply.attacks:
+            assert len(attack.scores) == len(request.samples)
+            assert not attack.HasField("max_reward") or math.isfinite(attack.max_reward)
+    _serving(channel)
+
+
 def test_list_rewards(channel):
     reply = reward_pb2_grpc.RewardServiceStub(channel).ListRewards(
         reward_pb2.ListRewardsRequest(), timeout=10

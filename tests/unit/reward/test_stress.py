@@ -86,6 +86,8 @@ async def test_gold_attacks_are_skipped_without_gold_and_batches_are_split(score
         ),
         ({"references": []}, InvalidArgument, "samples"),
         ({"attacks": ["rm -rf"]}, InvalidArgument, "attacks[0]"),
+        ({"threshold": float("nan")}, InvalidArgument, "threshold"),
+        ({"threshold": float("-inf")}, InvalidArgument, "threshold"),
         ({"rewards": [RewardRequest("no_such_reward")]}, InvalidArgument, "rewards[0].name"),
         (
             {"references": [Sample(id="x", completion="", prompt=(Message("user", "p" * 3_000_000),))]},
