@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections.abc import Callable
 from typing import Any
 
 from mcp import Client
@@ -21,7 +22,9 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, TextContent, Tool
 
 from grpo_runtime.env_types import ToolDefinition
+from grpo_runtime.errors import ResourceExhausted
 from reward_service.environments.base import OpenFailed, SessionBroken, ToolError
+from reward_service.environments.episodes import OPEN_RETRY_AFTER_S
 from reward_service.environments.settings import McpServerSettings
 
 # Pages of tools/list read at most (a server paging forever must not hang OpenEpisode).
@@ -49,8 +52,9 @@ class McpSession:
 
     prompt_suffix = ""
 
-    def __init__(self, parameters: StdioServerParameters):
+    def __init__(self, parameters: StdioServerParameters, on_close: Callable[[], None]):
         self._parameters = parameters
+        self._on_close = on_close
         self._jobs: asyncio.Queue[tuple[str, dict[str, Any], asyncio.Future[CallToolResult]]] = (
             asyncio.Queue()
         )
@@ -109,10 +113,18 @@ class McpSession:
         return None
 
     async def close(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()  # leaves the client's context: the SDK ends the server's process tree
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._worker
+        try:
+            if self._worker is not None:
+                self._worker.cancel()  # leaves the client's context: the SDK ends the server's process tree
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._worker
+        finally:
+            on_close, self._on_close = self._on_close, _nothing
+            on_close()
+
+
+def _nothing() -> None:
+    return None
 
 
 async def _list_tools(client: Client) -> list[Tool]:
@@ -143,9 +155,21 @@ class McpEnvironment:
             command=settings.command, args=settings.args, env=settings.env or None, cwd=settings.cwd
         )
         self.description = settings.description or f"MCP server `{settings.command}`"
-        self.status = "stdio, one server process per episode"
+        self.status = f"stdio, one server process per episode, at most {settings.max_episodes} at once"
+        self._max_episodes = settings.max_episodes
+        self._running = 0  # sessions started and not yet closed
+
+    def _closed(self) -> None:
+        self._running -= 1
 
     async def open(self, metadata: dict[str, Any]) -> McpSession:
-        session = McpSession(self._parameters)
-        await session.start()
+        if self._running >= self._max_episodes:
+            raise ResourceExhausted(
+                f"{self._max_episodes} episodes of MCP server {self.name!r} are open "
+                f"(environments.mcp.{self.name}.max_episodes); close finished ones",
+                retry_after_s=OPEN_RETRY_AFTER_S,
+            )
+        self._running += 1
+        session = McpSession(self._parameters, self._closed)
+        await session.start()  # closes the session (so counts it closed) when it fails
         return session

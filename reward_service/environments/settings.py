@@ -53,6 +53,11 @@ class McpServerSettings(BaseModel):
     )
     cwd: str | None = Field(None, description="Working directory of the server.")
     description: str = Field("", description="Shown by ListEnvironments.")
+    max_episodes: int = Field(
+        16,
+        ge=1,
+        description="Episodes of this server open at once (each is a process); more is RESOURCE_EXHAUSTED.",
+    )
 
 
 class EnvironmentSettings(BaseModel):

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from grpo_runtime.env_types import ToolCall
-from grpo_runtime.errors import FailedPrecondition
+from grpo_runtime.errors import FailedPrecondition, ResourceExhausted
 from reward_service.environments.catalog import build_environments
 from reward_service.environments.episodes import EpisodeRegistry
 from reward_service.environments.settings import EnvironmentSettings
@@ -23,7 +23,7 @@ SECRET = "mcp-env-secret-77a1"
 
 def registry(**overrides) -> EpisodeRegistry:
     notes = {"command": sys.executable, "args": ["-m", "tests.support.mcp_server"], "cwd": ROOT}
-    broken = {"command": sys.executable, "args": ["-c", "raise SystemExit(1)"]}
+    broken = {"command": sys.executable, "args": ["-c", "raise SystemExit(1)"], "max_episodes": 1}
     settings = EnvironmentSettings.model_validate(
         {"python": {"enabled": False}, "mcp": {"notes": notes, "broken": broken}, **overrides}
     )
@@ -106,10 +106,34 @@ async def test_a_server_that_dies_mid_episode():
     assert not servers()
 
 
+async def test_episodes_per_server_are_bounded():
+    notes = EnvironmentSettings.model_validate(
+        {
+            "mcp": {
+                "notes": {
+                    "command": sys.executable,
+                    "args": ["-m", "tests.support.mcp_server"],
+                    "cwd": ROOT,
+                    "max_episodes": 1,
+                }
+            }
+        }
+    )
+    episodes = EpisodeRegistry(build_environments(notes, None, "", ThreadPoolExecutor(1)), notes)
+    first = await episodes.open("notes", {}, {})
+    with pytest.raises(ResourceExhausted, match=r"environments\.mcp\.notes\.max_episodes") as info:
+        await episodes.open("notes", {}, {})
+    assert info.value.retry_after_s is not None
+    await episodes.close(first.episode_id)
+    second = await episodes.open("notes", {}, {})  # the closed one's place is free again
+    await episodes.close(second.episode_id)
+
+
 async def test_a_server_that_does_not_start_is_failed_precondition():
     episodes = registry(open_timeout_s=30)
-    with pytest.raises(FailedPrecondition, match="could not open an episode: MCP server did not start"):
-        await episodes.open("broken", {}, {})
+    for _ in range(2):  # a failed start frees its place (max_episodes: 1)
+        with pytest.raises(FailedPrecondition, match="could not open an episode: MCP server did not start"):
+            await episodes.open("broken", {}, {})
     assert episodes.open_count == 0
 
 
