@@ -43,6 +43,7 @@ from pydantic import (
 # A config that cannot run raises the runtime's ConfigError naming the dotted key (``training.lr: must be
 # > 0``), so whatever handles a service's config error handles a run config's too.
 from grpo_runtime.config import ConfigError, safe_load_yaml, validation_errors
+from trainer_service.config.guards import GuardsConfig
 from trainer_service.config.rollout_targets import parse_target
 from trainer_service.config.variants import (
     PAPER_CLIP_RANGES,
@@ -256,6 +257,8 @@ class TrainingConfig(_Strict):
     num_generations_eval: int | None = Field(default=None, ge=1)
     # A completion passes a reward term (greedy accuracy, pass@k) when the term's value is at least this.
     eval_pass_threshold: float = 1.0
+    # Echo trap, reward-hacking signals, loss watchdog, eval gate: warn | halt | rollback (config/guards.py).
+    guards: GuardsConfig | None = None
     # Recompute activations in backward to save memory (slower; worth it for large models only).
     gradient_checkpointing: bool = False
     warmup_ratio: float = Field(default=0.0, ge=0.0, lt=1.0)
@@ -495,6 +498,7 @@ def _check_cross_fields(config: RunConfig) -> None:
         raise ConfigError(
             f"must be < data.max_length ({config.data.max_length})", key="data.max_prompt_length"
         )
+    _check_guards(config)
     if t.eval_steps and config.data.eval is None:
         raise ConfigError("needs a held-out split in data.eval to evaluate on", key="training.eval_steps")
     if not t.eval_steps and t.num_generations_eval is not None:
@@ -523,6 +527,31 @@ def _check_objective(config: RunConfig) -> None:
             "the rollout service loads LoRA adapters only (it would sample without DoRA's magnitude vectors, "
             "from other weights than the trainer trains); set it false (or training.weight_sync: false)",
             key="training.lora.use_dora",
+        )
+
+
+def _check_guards(config: RunConfig) -> None:
+    t = config.training
+    if t.guards is None:
+        return
+    if t.logging_steps != 1:
+        raise ConfigError(
+            "must be 1 with training.guards (they judge every step)", key="training.logging_steps"
+        )
+    for name, action in t.guards.actions().items():
+        if action == "rollback" and not t.save_steps:
+            raise ConfigError(
+                "is rollback, which restores a checkpoint: set training.save_steps > 0",
+                key=f"training.guards.{name}.action",
+            )
+    if t.guards.eval_gate is not None and not t.eval_steps:
+        raise ConfigError(
+            "needs training.eval_steps > 0 (it judges evaluations)", key="training.guards.eval_gate"
+        )
+    if t.guards.rollback.beta_factor != 1.0 and t.grpo_beta == 0.0:
+        raise ConfigError(
+            "cannot raise β from training.grpo_beta 0 (no reference model is loaded)",
+            key="training.guards.rollback.beta_factor",
         )
 
 

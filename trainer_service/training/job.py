@@ -76,6 +76,8 @@ from trainer_service.training.callbacks import (
 from trainer_service.training.data import REWARD_METADATA, check_prompt_lengths, read_split, to_dataset
 from trainer_service.training.dynamic_sampling import DynamicSamplingSettings
 from trainer_service.training.evaluation import EvaluationCallback, HeldOutEvaluator
+from trainer_service.training.guard_callback import CompletionRecorder, GuardCallback
+from trainer_service.training.guards import BaselineError, Guards
 from trainer_service.training.importance_sampling import ImportanceSamplingPlan, resolve_importance_sampling
 from trainer_service.training.rewards import BatchScorer
 from trainer_service.training.sampler_hook import WrappedSamplerTrainer
@@ -360,6 +362,14 @@ def _train(
             retry_timeout_s=config.services.retry_timeout_s,
         )
         evaluation = EvaluationCallback(evaluator, t.eval_steps, output_dir, sink)
+    guard_callback = None
+    if t.guards is not None:
+        try:
+            guards = Guards(t.guards)
+        except BaselineError as error:
+            raise ConfigError(str(error), key="training.guards.eval_gate.baseline_file") from error
+        recorder = CompletionRecorder(rollout)
+        guard_callback = GuardCallback(guards, output_dir, sync, recorder, evaluation, sink)
     # Async rollout records the sampler's indices to know the next batch's prompts.
     prefetching = isinstance(rollout, AsyncServiceRollout)
     trainer_cls = make_variant_trainer(t.grpo_variant, WrappedSamplerTrainer if prefetching else GRPOTrainer)
@@ -371,7 +381,7 @@ def _train(
         reward_funcs=reward_funcs,
         train_dataset=train_dataset,
         processing_class=tokenizer,
-        rollout_func=rollout,
+        rollout_func=guard_callback.recorder if guard_callback is not None else rollout,
         importance_sampling=importance_sampling_plan(config, settings.device, endpoints.rollout),
         dynamic_sampling=(
             DynamicSamplingSettings(t.dynamic_sampling.max_gen_batches) if t.dynamic_sampling else None
@@ -390,12 +400,15 @@ def _train(
                 },
             ),
             *([evaluation] if evaluation is not None else []),
+            *([guard_callback] if guard_callback is not None else []),
             stop,
         ],
     )
     sync_callback.trainer = trainer
     if evaluation is not None:
         evaluation.trainer = trainer
+    if guard_callback is not None:
+        guard_callback.trainer = trainer
     if isinstance(rollout, AsyncServiceRollout):
         rollout.attach(trainer)
     # Our progress bar / events replace TRL's printed log dicts.
@@ -404,7 +417,8 @@ def _train(
     trainer.train(resume_from_checkpoint=checkpoint)
 
     state = trainer.state
-    ended = RunState.STOPPED if stop.stopped_early else RunState.COMPLETED
+    halted = guard_callback is not None and guard_callback.halted is not None
+    ended = RunState.STOPPED if stop.stopped_early or halted else RunState.COMPLETED
     metrics_path = output_dir / METRICS_FILE
     curve = None
     if ended is RunState.COMPLETED:

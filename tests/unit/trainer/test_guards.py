@@ -1,0 +1,176 @@
+"""Training guards' detection (echo trap, reward hacking, loss watchdog, eval gate), their verdicts and the
+``training.guards`` config rules."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from trainer_service.config.guards import (
+    EchoTrapConfig,
+    EvalGateConfig,
+    GuardsConfig,
+    LossWatchdogConfig,
+    RewardHackingConfig,
+)
+from trainer_service.config.run_config import ConfigError, parse_config
+from trainer_service.training.guards import (
+    BaselineError,
+    EchoTrap,
+    EvalGate,
+    Guards,
+    LossWatchdog,
+    RewardHacking,
+    repeated_ngram_ratio,
+)
+
+
+def test_repeated_ngram_ratio():
+    assert repeated_ngram_ratio([1, 2, 3, 4, 5, 6], 2) == 0.0
+    # "a b a b a b a b": bigrams ab, ba, ab, ba, ab, ba, ab -> 2 distinct of 7.
+    assert repeated_ngram_ratio([1, 2] * 4, 2) == pytest.approx(1 - 2 / 7)
+    assert repeated_ngram_ratio([7] * 10, 1) == pytest.approx(0.9)
+    assert repeated_ngram_ratio([1, 2], 4) == 0.0
+
+
+def test_echo_trap_fires_on_a_batch_of_repeated_text_only():
+    trap = EchoTrap(EchoTrapConfig(ngram=2, max_repeat_ratio=0.5, max_fraction=0.5))
+    varied = [list(range(i, i + 8)) for i in range(4)]
+    echo = [[5, 6] * 4, [9, 9, 9, 9, 9, 9, 9, 9]]
+    assert trap.check(varied) == []
+    assert trap.check(varied[:3] + echo[:1]) == []  # one of four echoes: under max_fraction
+    [finding] = trap.check(varied[:2] + echo)
+    assert finding.signal == "echo_fraction" and finding.value == 0.5 and finding.action == "warn"
+
+
+def test_reward_hacking_length_growth_fires_past_the_limit():
+    guard = RewardHacking(RewardHackingConfig(window=2, max_length_growth=0.5))
+    assert guard.check({"completions/mean_length": 8.0}) == []
+    assert guard.check({"completions/mean_length": 11.0}) == []
+    [finding] = guard.check({"completions/mean_length": 17.0})
+    assert finding.signal == "length_growth" and finding.value == pytest.approx(17 / 11 - 1)
+
+
+def test_reward_hacking_term_divergence_and_zero_std():
+    guard = RewardHacking(
+        RewardHackingConfig(window=2, max_length_growth=None, max_term_divergence=0.3, max_frac_zero_std=0.8)
+    )
+    assert guard.check({"rewards/accuracy/mean": 0.5, "rewards/format/mean": 0.1}) == []
+    # Both rise: no divergence.
+    assert guard.check({"rewards/accuracy/mean": 0.6, "rewards/format/mean": 0.5}) == []
+    [finding] = guard.check(
+        {"rewards/accuracy/mean": 0.4, "rewards/format/mean": 0.9, "frac_reward_zero_std": 0.5}
+    )
+    assert finding.signal == "term_divergence" and finding.value == pytest.approx(0.4 + 0.2)
+    [finding] = guard.check(
+        {"rewards/accuracy/mean": 0.4, "rewards/format/mean": 0.9, "frac_reward_zero_std": 0.9}
+    )
+    assert finding.signal == "frac_reward_zero_std" and finding.value == 0.9
+
+
+def test_loss_watchdog_non_finite_at_once_spikes_after_patience():
+    dog = LossWatchdog(LossWatchdogConfig(threshold=5.0, patience=2))
+    assert dog.check({"loss": 0.1}) == []
+    [finding] = dog.check({"loss": math.nan})
+    assert finding.signal == "loss_not_finite"
+    [finding] = dog.check({"loss": 0.1, "grad_norm": math.inf})
+    assert finding.signal == "grad_norm_not_finite"
+    assert dog.check({"loss": 9.0}) == []  # one step over: patience 2
+    assert dog.check({"loss": 0.0}) == []  # streak broken
+    assert dog.check({"loss": -9.0}) == []
+    [finding] = dog.check({"loss": 9.0})
+    assert finding.signal == "loss_spike" and finding.value == 9.0 and finding.action == "halt"
+
+
+def test_eval_gate_against_step_zero_and_a_baseline_file(tmp_path):
+    gate = EvalGate(EvalGateConfig(max_drop=0.05))
+    assert gate.check(0, {"accuracy_greedy": 0.5}) == []  # the baseline
+    assert gate.check(10, {"accuracy_greedy": 0.46}) == []
+    [finding] = gate.check(20, {"accuracy_greedy": 0.40})
+    assert finding.value == 0.40 and finding.limit == pytest.approx(0.45)
+
+    baseline = tmp_path / "eval_metrics.jsonl"
+    baseline.write_text(
+        json.dumps({"step": 0, "accuracy_greedy": 0.2})
+        + "\n"
+        + json.dumps({"step": 9, "accuracy_greedy": 0.9})
+    )
+    gate = EvalGate(EvalGateConfig(baseline_file=str(baseline), metric="accuracy_greedy"))
+    assert gate.baseline == 0.9  # the last row
+    assert gate.check(0, {"accuracy_greedy": 0.5}) == []  # step 0 is never judged
+    assert len(gate.check(5, {"accuracy_greedy": 0.5})) == 1
+
+    baseline.write_text(json.dumps({"pass@1": 0.3}))
+    with pytest.raises(BaselineError, match="accuracy_greedy"):
+        EvalGate(EvalGateConfig(baseline_file=str(baseline)))
+    with pytest.raises(BaselineError, match="cannot read"):
+        EvalGate(EvalGateConfig(baseline_file=str(tmp_path / "missing.json")))
+
+
+def test_verdict_takes_the_most_severe_action_and_bounds_rollbacks():
+    config = GuardsConfig(
+        echo_trap=EchoTrapConfig(ngram=1, max_repeat_ratio=0.5, max_fraction=0.5, action="warn"),
+        loss_watchdog=LossWatchdogConfig(threshold=1.0, action="rollback"),
+        rollback={"max_attempts": 2},
+    )
+    guards = Guards(config)
+    echo = [[1] * 8]
+    assert guards.judge(1, {"loss": 0.1}, [[1, 2, 3]]).action == "none"
+    verdict = guards.judge(2, {"loss": 0.1}, echo)
+    assert verdict.action == "warn" and verdict.record()["findings"][0]["guard"] == "echo_trap"
+    assert [guards.judge(s, {"loss": 5.0}, echo).action for s in (3, 4, 5)] == [
+        "rollback",
+        "rollback",
+        "halt",
+    ]
+    assert guards.rollbacks == 2
+
+
+BASE = {"base": "m", "data": {"train": "t", "eval": "e"}}
+
+
+@pytest.mark.parametrize(
+    ("training", "key", "fragment"),
+    [
+        ({"guards": {"echo_trap": {}}, "logging_steps": 2}, "training.logging_steps", "must be 1"),
+        (
+            {"guards": {"loss_watchdog": {"action": "rollback"}}},
+            "training.guards.loss_watchdog.action",
+            "save_steps",
+        ),
+        ({"guards": {"eval_gate": {}}}, "training.guards.eval_gate", "eval_steps"),
+        (
+            {"guards": {"echo_trap": {}, "rollback": {"beta_factor": 2.0}}},
+            "training.guards.rollback.beta_factor",
+            "grpo_beta",
+        ),
+        ({"guards": {"echo_trap": {"action": "panic"}}}, "training.guards.echo_trap.action", "'warn'"),
+        (
+            {"guards": {"loss_watchdog": {"threshold": -1}}},
+            "training.guards.loss_watchdog.threshold",
+            "greater",
+        ),
+        ({"guards": {"rollback": {"max_attempts": 0}}}, "training.guards.rollback.max_attempts", "greater"),
+    ],
+)
+def test_guard_config_refusals_name_the_key(training, key, fragment):
+    with pytest.raises(ConfigError) as caught:
+        parse_config({**BASE, "training": training})
+    assert caught.value.key == key and fragment in str(caught.value)
+
+
+def test_guard_config_accepted():
+    config = parse_config(
+        {
+            **BASE,
+            "training": {
+                "save_steps": 5,
+                "eval_steps": 5,
+                "grpo_beta": 0.04,
+                "guards": {"eval_gate": {"action": "rollback"}, "rollback": {"beta_factor": 2.0}},
+            },
+        }
+    )
+    assert config.training.guards.actions() == {"eval_gate": "rollback"}
