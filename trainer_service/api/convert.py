@@ -1,7 +1,7 @@
-"""Protobuf ↔ domain conversions for the trainer service, both directions per message (no logic beyond field
-mapping).
-
-``X_message(domain)`` builds the protobuf message; ``X(message)`` reads it back into the domain type.
+"""Domain → protobuf for the trainer service's responses (no logic beyond field mapping):
+``X_message(domain)`` builds message X. Its requests carry no more than an id or the config text, read where
+they are handled. The other side of these messages, read back into the domain types, is the client's
+(:mod:`trainer_service.client`).
 """
 
 from __future__ import annotations
@@ -19,25 +19,16 @@ _STATES = {
     RunState.STOPPED: trainer_pb2.RUN_STATE_STOPPED,
     RunState.FAILED: trainer_pb2.RUN_STATE_FAILED,
 }
-_STATE_OF = {value: state for state, value in _STATES.items()}
 
 
 def run_state_value(state: RunState) -> int:
     return _STATES[state]
 
 
-def run_state(value: int) -> RunState:
-    return _STATE_OF[value]
-
-
 def _timestamp(seconds: float) -> Timestamp:
     stamp = Timestamp()
     stamp.FromNanoseconds(int(seconds * 1e9))
     return stamp
-
-
-def _seconds(stamp: Timestamp) -> float:
-    return stamp.ToNanoseconds() / 1e9
 
 
 def _metrics(values: dict[str, float]) -> dict[str, float]:
@@ -57,17 +48,6 @@ def run_event_message(run_id: str, event: JobEvent) -> trainer_pb2.RunEvent:
     )
 
 
-def job_event(message: trainer_pb2.RunEvent) -> JobEvent:
-    return JobEvent(
-        step=message.step,
-        total_steps=message.total_steps,
-        state=run_state(message.state),
-        metrics=dict(message.metrics),
-        message=message.message,
-        time=_seconds(message.time),
-    )
-
-
 def run_info_message(info: RunInfo) -> trainer_pb2.RunInfo:
     return trainer_pb2.RunInfo(
         run_id=info.run_id,
@@ -78,17 +58,4 @@ def run_info_message(info: RunInfo) -> trainer_pb2.RunInfo:
         metrics=_metrics(info.metrics),
         message=info.message,
         created_at=_timestamp(info.created_at),
-    )
-
-
-def run_info(message: trainer_pb2.RunInfo) -> RunInfo:
-    return RunInfo(
-        run_id=message.run_id,
-        state=run_state(message.state),
-        step=message.step,
-        total_steps=message.total_steps,
-        output_dir=message.output_dir,
-        metrics=dict(message.metrics),
-        message=message.message,
-        created_at=_seconds(message.created_at),
     )
