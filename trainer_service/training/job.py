@@ -317,7 +317,7 @@ def _train(
     args = build_grpo_config(config, settings.device)
     model = build_model(config, settings.device)
 
-    reward_funcs: list[Any] = BatchScorer(reward_client, terms).reward_funcs()
+    reward_funcs: list[Any] = BatchScorer(reward_client, terms, config.max_completion_length).reward_funcs()
     episodes = episode_plan(config, train_dataset, eval_dataset)
     if uses_env_reward(config):
         reward_funcs.append(EnvironmentReward())  # its weight is last in reward_weights (build_grpo_config)
@@ -355,7 +355,7 @@ def _train(
             replicas,
             sync,
             SamplingConfig.from_run(config),
-            BatchScorer(reward_client, terms),
+            BatchScorer(reward_client, terms, config.max_completion_length),
             tokenizer,
             num_samples=t.num_generations_eval or t.num_generations,
             threshold=t.eval_pass_threshold,
