@@ -206,9 +206,9 @@ async def test_flooding_output_is_capped():
 
 
 async def test_idle_episodes_expire():
-    episodes = registry(idle_timeout_s=0.2)
+    episodes = registry(idle_timeout_s=1.0)
     idle = await episodes.open("calculator", {}, {})
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(1.2)
     busy = await episodes.open("calculator", {}, {})
     assert await episodes.expire_idle() == 1
     with pytest.raises(NotFound):
