@@ -3,10 +3,14 @@ called as OpenRLHF's remote_rm_fn calls it (requests.post with a JSON body)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from grpo_runtime.server import BindError, GrpcServer
 from reward_service.client import RewardClient
@@ -172,6 +176,47 @@ def test_deeply_nested_labels_are_refused(url):
 def test_an_http_port_in_use_fails_the_start_with_bind_error(server):
     [endpoint] = server.companions
     taken = {**HTTP_SETTINGS, "http": {"port": endpoint.port}}
-    with pytest.raises(BindError, match="cannot bind HTTP"):
-        with reward_server_thread(taken):
-            pass
+    with pytest.raises(BindError, match="cannot bind HTTP"), reward_server_thread(taken):
+        pass
+
+
+def test_the_concurrency_bound_is_429_with_retry_after(url):
+    """max_concurrent_requests (3 here) requests hold the scorer (sandboxed programs that sleep); the next is
+    refused at once with 429 and Retry-After, as gRPC refuses it with RESOURCE_EXHAUSTED + pushback."""
+    sleeper = "```python\nimport time\ntime.sleep(1.8)\nprint('ok')\n```"
+    body = {"query": [sleeper], "labels": [{"expected": "ok"}]}
+    with ThreadPoolExecutor(3) as pool:
+        slow = [pool.submit(post, url, body, {"rewards": "code"}) for _ in range(3)]
+        deadline = time.monotonic() + 60
+        while requests.get(f"{url}/health", timeout=10).json()["in_flight"] < 3:
+            assert time.monotonic() < deadline, "the slow requests never ran together"
+            time.sleep(0.02)
+        refused = post(url, {"query": ["x"]}, {"rewards": "format"})
+        assert refused.status_code == 429, refused.text
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert all(f.result().status_code == 200 for f in slow)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    body=st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=False, allow_infinity=False)  # requests refuses to encode them
+        | st.text(max_size=20),
+        lambda inner: (
+            st.lists(inner, max_size=4)
+            | st.dictionaries(
+                st.sampled_from(["query", "prompts", "labels", "x"]) | st.text(max_size=6), inner
+            )
+        ),
+        max_leaves=15,
+    ),
+    rewards=st.none() | st.sampled_from(["accuracy", "format,accuracy", "x", ",", "prm:none"]),
+)
+def test_any_json_body_gets_200_or_a_client_error(url, body, rewards):
+    reply = post(url, body, {"rewards": rewards} if rewards is not None else None)
+    assert reply.status_code in (200, 400, 413, 429), reply.text
+    if reply.status_code == 200:
+        assert set(reply.json()) == {"rewards", "scores", "extra_logs"}
