@@ -58,9 +58,9 @@ from transformers import AutoModelForCausalLM
 
 from rollout_service.client import CHUNK_BYTES, RolloutClient
 from rollout_service.core.payload import encode
-from rollout_service.core.settings import RolloutSettings
 from rollout_service.core.types import GenerateRequest, PromptInput, SamplingSpec
 from rollout_service.server import BackgroundServer
+from rollout_service.settings import RolloutSettings
 from rollout_service.weights import state_dict_bytes
 
 PROMPTS = [

@@ -21,8 +21,8 @@ from grpo_runtime.env_client import EnvironmentClient
 from grpo_runtime.server import GrpcServer, ServiceBinding
 from rollout_service.api.rollout import RolloutServicer
 from rollout_service.core.rollout import RolloutCore
-from rollout_service.core.settings import RolloutSettings
 from rollout_service.engines.registry import build_engine, check_model_dir
+from rollout_service.settings import RolloutSettings
 from rollout_service.weights import ParamCatalog
 
 DEFAULT_PORT = 50052

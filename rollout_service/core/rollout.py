@@ -18,7 +18,6 @@ from grpo_runtime.errors import FailedPrecondition, ResourceExhausted
 from rollout_service.core import memory
 from rollout_service.core.episodes import EnvironmentBackend, EpisodeRunner
 from rollout_service.core.scheduler import BatchScheduler
-from rollout_service.core.settings import EpisodeSettings
 from rollout_service.core.sleep import SleepState
 from rollout_service.core.types import (
     CompletionResult,
@@ -34,6 +33,7 @@ from rollout_service.core.types import (
 from rollout_service.core.validation import RequestValidator, check_completions
 from rollout_service.core.versioning import ReadWriteLock, VersionState
 from rollout_service.engines.base import Engine
+from rollout_service.settings import EpisodeSettings
 from rollout_service.weights import ParamCatalog, ValidatedUpdate, read_directory, validate_payload
 
 

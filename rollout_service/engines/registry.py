@@ -15,9 +15,9 @@ from transformers import AutoConfig, PretrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from grpo_runtime.config import ConfigError
-from rollout_service.core.settings import RolloutSettings
 from rollout_service.engines.base import Engine
 from rollout_service.engines.hf import HFEngine
+from rollout_service.settings import RolloutSettings
 
 logger = logging.getLogger(__name__)
 

@@ -45,9 +45,9 @@ from vllm.sampling_params import RequestOutputKind
 
 from grpo_runtime.errors import InvalidArgument
 from rollout_service.core.memory import release_freed_memory
-from rollout_service.core.settings import RolloutSettings
 from rollout_service.core.types import FinishReason, GenerationJob, RawCompletion, SamplingSpec
 from rollout_service.engines.base import Engine, derive_seed
+from rollout_service.settings import RolloutSettings
 from rollout_service.weights import ValidatedUpdate
 
 logger = logging.getLogger(__name__)

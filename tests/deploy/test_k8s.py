@@ -340,7 +340,16 @@ def test_network_policies_admit_only_the_intended_callers(overlay):
         # Rollout (Generate and the weight/sleep admin RPCs): the trainer pods only.
         allowed = grpc_rule(policies["rollout"], 50052)
         assert allowed == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "trainer"}}}]
-        assert policies["rollout"]["egress"] == []
+        # Out of rollout: DNS and the reward service's EnvironmentService (tool episodes), nothing else.
+        rollout_egress = {
+            (
+                p["port"],
+                rule["to"][0].get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/name"),
+            )
+            for rule in policies["rollout"]["egress"]
+            for p in rule["ports"]
+        }
+        assert rollout_egress == {(53, "kube-dns"), (50051, "reward")}
     trainer_egress_ports = {p["port"] for rule in policies["trainer"]["egress"] for p in rule["ports"]}
     assert trainer_egress_ports == {53, 50051, 50052}
 
@@ -386,11 +395,11 @@ def test_pytorchjob_launches_the_trainer_with_accelerate_across_nodes():
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_mounted_configs_are_accepted_by_the_services(overlay, tmp_path):
     """The ConfigMap's files pass the services' own validation: server block, rollout settings, run config."""
-    # Imported here, not at the top: rollout_service.core.settings pulls in torch (~10 s of CPU), which only
+    # Imported here, not at the top: rollout_service.settings pulls in torch (~10 s of CPU), which only
     # this slow test needs.
     from grpo_runtime.config import ServerConfig, load_config_file
     from reward_service.settings import load_settings as load_reward_settings
-    from rollout_service.core.settings import RolloutSettings
+    from rollout_service.settings import RolloutSettings
     from trainer_service.config.rollout_targets import parse_target
     from trainer_service.config.run_config import parse_config
     from trainer_service.core.confinement import RunRoots, confine

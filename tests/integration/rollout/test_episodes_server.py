@@ -12,9 +12,9 @@ import pytest
 from grpo_runtime.call_errors import InvalidArgumentError
 from rollout_service.client import RolloutClient
 from rollout_service.core.rollout import RolloutCore
-from rollout_service.core.settings import EpisodeSettings, RolloutSettings
 from rollout_service.core.types import EpisodeSpec, FinishReason
 from rollout_service.server import binding, environment_clients
+from rollout_service.settings import EpisodeSettings, RolloutSettings
 from rollout_service.weights import ParamCatalog
 from tests.integration.reward.fixtures import SETTINGS, reward_server_thread
 from tests.support.episodes import ScriptedEngine, tool_call

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
 from rollout_service.core.payload import DTYPES, encode
-from rollout_service.core.settings import RolloutSettings
 from rollout_service.server import BackgroundServer
+from rollout_service.settings import RolloutSettings
 
 VOCAB = 513
 ALLOWED = {

@@ -21,8 +21,8 @@ from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
 from rollout_service.core.payload import encode
-from rollout_service.core.settings import RolloutSettings
 from rollout_service.server import BackgroundServer
+from rollout_service.settings import RolloutSettings
 from tests.support.statuses import failure
 
 MAX_CONCURRENT = 2

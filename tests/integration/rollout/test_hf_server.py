@@ -18,9 +18,9 @@ from transformers import AutoModelForCausalLM
 from grpo_runtime.config import ServerConfig
 from rollout_service.client import RolloutClient
 from rollout_service.core.payload import encode
-from rollout_service.core.settings import RolloutSettings
 from rollout_service.core.types import FinishReason, WeightFormat
 from rollout_service.server import BackgroundServer
+from rollout_service.settings import RolloutSettings
 from tests.support.statuses import failure
 
 PROMPTS = ["What is 12 + 7?", [{"role": "user", "content": "Compute 3 * 4 - 5."}], [5, 6, 7, 8]]

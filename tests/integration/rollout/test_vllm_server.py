@@ -19,9 +19,9 @@ from transformers import AutoModelForCausalLM
 
 from grpo_runtime.call_errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError
 from rollout_service.client import RolloutClient
-from rollout_service.core.settings import RolloutSettings
 from rollout_service.core.types import FinishReason, WeightFormat
 from rollout_service.server import BackgroundServer
+from rollout_service.settings import RolloutSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

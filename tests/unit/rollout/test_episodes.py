@@ -11,10 +11,10 @@ import pytest
 from grpo_runtime.env_types import ToolResult
 from grpo_runtime.errors import InvalidArgument
 from rollout_service.core.rollout import RolloutCore
-from rollout_service.core.settings import EpisodeSettings
 from rollout_service.core.tool_calls import ToolSuffixer
 from rollout_service.core.types import EpisodeSpec, FinishReason, GenerateRequest, PromptInput, SamplingSpec
 from rollout_service.engines.hf import HFEngine
+from rollout_service.settings import EpisodeSettings
 from rollout_service.weights import ParamCatalog
 from tests.support.episodes import SCRIPTED_LOGPROB, CalculatorEnvironment, ScriptedEngine, tool_call
 

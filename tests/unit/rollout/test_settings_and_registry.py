@@ -11,9 +11,9 @@ from pydantic import ValidationError
 from transformers import AutoConfig
 
 from grpo_runtime.config import ConfigError
-from rollout_service.core.settings import RolloutSettings
 from rollout_service.engines.registry import check_model_dir, resolve_engine_name, vllm_unusable_reason
 from rollout_service.server import settings_from
+from rollout_service.settings import RolloutSettings
 
 
 def test_settings_reject_unknown_keys_and_bad_values():
