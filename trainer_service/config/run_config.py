@@ -43,6 +43,7 @@ from pydantic import (
 # A config that cannot run raises the runtime's ConfigError naming the dotted key (``training.lr: must be
 # > 0``), so whatever handles a service's config error handles a run config's too.
 from grpo_runtime.config import ConfigError, safe_load_yaml, validation_errors
+from trainer_service.config.curriculum import CurriculumConfig
 from trainer_service.config.guards import GuardsConfig
 from trainer_service.config.rollout_targets import parse_target
 from trainer_service.config.variants import (
@@ -259,6 +260,8 @@ class TrainingConfig(_Strict):
     eval_pass_threshold: float = 1.0
     # Echo trap, reward-hacking signals, loss watchdog, eval gate: warn | halt | rollback (config/guards.py).
     guards: GuardsConfig | None = None
+    # Sampling weights from per-prompt pass rates: prime-rl's easy/normal/hard pools (config/curriculum.py).
+    curriculum: CurriculumConfig | None = None
     # Recompute activations in backward to save memory (slower; worth it for large models only).
     gradient_checkpointing: bool = False
     warmup_ratio: float = Field(default=0.0, ge=0.0, lt=1.0)

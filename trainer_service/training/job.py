@@ -73,6 +73,7 @@ from trainer_service.training.callbacks import (
     StopFlag,
     plot_reward_curve,
 )
+from trainer_service.training.curriculum import Curriculum, CurriculumCallback
 from trainer_service.training.data import REWARD_METADATA, check_prompt_lengths, read_split, to_dataset
 from trainer_service.training.dynamic_sampling import DynamicSamplingSettings
 from trainer_service.training.evaluation import EvaluationCallback, HeldOutEvaluator
@@ -80,7 +81,7 @@ from trainer_service.training.guard_callback import CompletionRecorder, GuardCal
 from trainer_service.training.guards import BaselineError, Guards
 from trainer_service.training.importance_sampling import ImportanceSamplingPlan, resolve_importance_sampling
 from trainer_service.training.rewards import BatchScorer
-from trainer_service.training.sampler_hook import WrappedSamplerTrainer
+from trainer_service.training.sampler_hook import WrappedSamplerTrainer, chain
 from trainer_service.training.variant_trainer import make_variant_trainer
 
 REWARD_CURVE_FILE = "reward_curve.png"
@@ -254,6 +255,9 @@ def run_job(
     if config.training.async_rollout and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # The lookahead reads this process's sampler; other ranks would prefetch different prompts.
         raise ConfigError("supports single-process runs only", key="training.async_rollout")
+    if config.training.curriculum is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Each rank counts only its own slice's rewards: the ranks' weights, and their samplers, would differ.
+        raise ConfigError("supports single-process runs only", key="training.curriculum")
     if config.training.dynamic_sampling is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # Each rank would draw its own number of replacement rounds, and TRL's gathers would deadlock.
         raise ConfigError("supports single-process runs only", key="training.dynamic_sampling")
@@ -317,7 +321,14 @@ def _train(
     args = build_grpo_config(config, settings.device)
     model = build_model(config, settings.device)
 
-    reward_funcs: list[Any] = BatchScorer(reward_client, terms, config.max_completion_length).reward_funcs()
+    curriculum = None
+    if t.curriculum is not None:
+        curriculum = Curriculum(train_dataset["prompt"], t.curriculum, terms[0].name)
+        if checkpoint is not None:
+            curriculum.load(Path(checkpoint))
+    observe = curriculum.observe_scored if curriculum is not None else None
+    scorer = BatchScorer(reward_client, terms, config.max_completion_length, observe=observe)
+    reward_funcs: list[Any] = scorer.reward_funcs()
     episodes = episode_plan(config, train_dataset, eval_dataset)
     if uses_env_reward(config):
         reward_funcs.append(EnvironmentReward())  # its weight is last in reward_weights (build_grpo_config)
@@ -372,8 +383,11 @@ def _train(
         guard_callback = GuardCallback(guards, output_dir, sync, recorder, evaluation, sink)
     # Async rollout records the sampler's indices to know the next batch's prompts.
     prefetching = isinstance(rollout, AsyncServiceRollout)
-    trainer_cls = make_variant_trainer(t.grpo_variant, WrappedSamplerTrainer if prefetching else GRPOTrainer)
-    sampler_hook = {"wrap_sampler": rollout.record} if prefetching else {}
+    # The curriculum draws the prompts; async rollout records what it drew.
+    wrappers = [curriculum.wrap] if curriculum is not None else []
+    wrappers += [rollout.record] if prefetching else []
+    trainer_cls = make_variant_trainer(t.grpo_variant, WrappedSamplerTrainer if wrappers else GRPOTrainer)
+    sampler_hook = {"wrap_sampler": chain(wrappers)} if wrappers else {}
     trainer = trainer_cls(
         **sampler_hook,
         model=model,
@@ -397,10 +411,12 @@ def _train(
                     "rollout/replicas": len(sync.ready),
                     **rollout.last_tool_metrics,
                     **(rollout.metrics() if isinstance(rollout, AsyncServiceRollout) else {}),
+                    **(curriculum.metrics() if curriculum is not None else {}),
                 },
             ),
             *([evaluation] if evaluation is not None else []),
             *([guard_callback] if guard_callback is not None else []),
+            *([CurriculumCallback(curriculum)] if curriculum is not None else []),
             stop,
         ],
     )

@@ -10,7 +10,7 @@ with one call per term.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from reward_service.client import ComponentResult, RewardClient, RewardRequest, trl_samples
@@ -34,7 +34,12 @@ class BatchScorer:
     TRL reward function (:meth:`reward_funcs`). ``max_completion_length``: the run's, see ``term_params``."""
 
     def __init__(
-        self, client: RewardClient, terms: Sequence[RewardTerm], max_completion_length: int | None = None
+        self,
+        client: RewardClient,
+        terms: Sequence[RewardTerm],
+        max_completion_length: int | None = None,
+        *,
+        observe: Callable[[Sequence[Any], dict[str, list[ComponentResult]]], None] | None = None,
     ):
         if not terms:
             raise ValueError("a run needs at least one reward term")
@@ -46,6 +51,8 @@ class BatchScorer:
         # The batch scored last (TRL's completions list, kept so its identity cannot be reused) and, per
         # term, each sample's component.
         self._scored: tuple[Sequence[Any], dict[str, list[ComponentResult]]] | None = None
+        # Called with every scored batch's prompts and components (the curriculum's pass counts).
+        self._observe = observe
 
     def reward_funcs(self) -> list[TermReward]:
         """One TRL reward function per term, in the terms' order (the order of ``reward_weights``)."""
@@ -71,6 +78,8 @@ class BatchScorer:
                     raise RuntimeError(f"the reward service sent no {name!r} component for sample {index}")
                 values.append(found[name])
         self._scored = (completions, by_term)
+        if self._observe is not None and prompts is not None:
+            self._observe(prompts, by_term)
         return by_term
 
 

@@ -8,11 +8,22 @@ keeps that hook on the trainer class instead of patching a trainer instance from
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch.utils.data import Sampler
 from trl import GRPOTrainer
+
+
+def chain(wrappers: Sequence[Callable[[Sampler], Sampler]]) -> Callable[[Sampler], Sampler]:
+    """One ``wrap_sampler`` applying ``wrappers`` in order (the first wraps TRL's sampler)."""
+
+    def wrap(sampler: Sampler) -> Sampler:
+        for wrapper in wrappers:
+            sampler = wrapper(sampler)
+        return sampler
+
+    return wrap
 
 
 class WrappedSamplerTrainer(GRPOTrainer):
