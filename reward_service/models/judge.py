@@ -84,13 +84,20 @@ class JudgeModel(TokenPairEngine):
 
     def _ids(self, text: str) -> list[int]:
         """Ids of the judge's input for the filled template ``text`` (caller holds the tokenizer lock)."""
+        return self._ids_batch([text])[0]
+
+    def _ids_batch(self, texts: list[str]) -> list[list[int]]:
+        """``_ids`` of each text, tokenized in one call (a fast tokenizer encodes a batch in parallel)."""
         tokenizer = self.loaded.tokenizer
         if self._chat:
-            chat = tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-            )
-            return tokenizer(chat, add_special_tokens=False)["input_ids"]
-        return tokenizer(text)["input_ids"]
+            chats = [
+                tokenizer.apply_chat_template(
+                    [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+                )
+                for text in texts
+            ]
+            return tokenizer(chats, add_special_tokens=False)["input_ids"]
+        return tokenizer(texts)["input_ids"]
 
     def _cut(self, text: str, keep: int) -> str:
         """``text`` with its middle replaced by the truncation marker so that about ``keep`` of its tokens
@@ -102,8 +109,9 @@ class JudgeModel(TokenPairEngine):
         head, tail, marker = cut
         return tokenizer.decode(head) + marker + tokenizer.decode(tail)
 
-    def _fit(self, render: Callable[[list[str]], str], texts: list[str]) -> list[int]:
-        """Ids of ``render(texts)``, the texts cut (each to an equal share) until the whole fits the context.
+    def _fit(self, render: Callable[[list[str]], str], texts: list[str]) -> tuple[list[str], list[int]]:
+        """``texts``, cut (each to an equal share of tokens) as far as needed for ``render(texts)`` to fit
+        the context, and the ids of ``render`` of them.
 
         The share starts at what the fixed part leaves and shrinks by the overshoot each round (a cut
         re-tokenizes a little differently at its edges); SampleError when even the minimum share does not fit.
@@ -111,19 +119,17 @@ class JudgeModel(TokenPairEngine):
         limit = self.loaded.max_positions
         ids = self._ids(render(texts))
         if len(ids) <= limit:
-            return ids
+            return texts, ids
         fixed = len(self._ids(render([""] * len(texts))))
-        marker = (
-            len(self.loaded.tokenizer(TRUNCATION_MARKER.format(cut=0, total=0, unit="tokens"))["input_ids"])
-            + 4
-        )
-        share = (limit - fixed) // len(texts) - marker
+        marker = TRUNCATION_MARKER.format(cut=0, total=0, unit="tokens")
+        share = (limit - fixed) // len(texts) - len(self.loaded.tokenizer(marker)["input_ids"]) - 4
         for _ in range(4):
             if share < MIN_COMPLETION_TOKENS:
                 break
-            ids = self._ids(render([self._cut(text, share) for text in texts]))
+            cut = [self._cut(text, share) for text in texts]
+            ids = self._ids(render(cut))
             if len(ids) <= limit:
-                return ids
+                return cut, ids
             share -= (len(ids) - limit) // len(texts) + 1
         raise SampleError(
             f"the judge's template and prompt leave too little of its {limit}-token context for "
@@ -136,18 +142,44 @@ class JudgeModel(TokenPairEngine):
             values = {"prompt": prompt_text(sample), **self.pointwise.metadata(sample)}
         except TemplateError as exc:
             raise SampleError(str(exc)) from exc
-        ids = self._fit(
+        _, ids = self._fit(
             lambda texts: self.pointwise.fill({**values, "completion": texts[0]}), [sample.completion]
         )
         return Encoded(input_ids=ids, positions=[len(ids) - 1])
 
     def encode_samples(self, samples: Sequence[Sample], params: dict[str, Any]) -> list[Encoded | str]:
         if params.get("mode") != "group":
-            return super().encode_samples(samples, params)
+            return self._encode_pointwise(samples)
         encoded: list[Encoded | str] = [""] * len(samples)
         for members in group_indices(samples):
             for index, item in zip(members, self._encode_group([samples[i] for i in members]), strict=True):
                 encoded[index] = item
+        return encoded
+
+    def _encode_pointwise(self, samples: Sequence[Sample]) -> list[Encoded | str]:
+        """``_encode`` of every sample, the filled templates tokenized in one batch; a sample over the
+        context is then cut on its own (``_fit``)."""
+        encoded: list[Encoded | str] = []
+        values: dict[int, dict[str, str]] = {}
+        for index, sample in enumerate(samples):
+            try:
+                values[index] = {"prompt": prompt_text(sample), **self.pointwise.metadata(sample)}
+                encoded.append("")
+            except TemplateError as exc:
+                encoded.append(str(exc))
+        texts = [self.pointwise.fill({**values[i], "completion": samples[i].completion}) for i in values]
+        with self._tokenizer_lock:
+            for index, ids in zip(values, self._ids_batch(texts) if texts else [], strict=True):
+                if len(ids) > self.loaded.max_positions:
+                    try:
+                        _, ids = self._fit(
+                            lambda cut, i=index: self.pointwise.fill({**values[i], "completion": cut[0]}),
+                            [samples[index].completion],
+                        )
+                    except SampleError as exc:
+                        encoded[index] = str(exc)
+                        continue
+                encoded[index] = Encoded(input_ids=ids, positions=[len(ids) - 1])
         return encoded
 
     def _encode_group(self, samples: list[Sample]) -> list[Encoded | str]:
@@ -158,19 +190,21 @@ class JudgeModel(TokenPairEngine):
             values = {"prompt": prompt_text(first), **self.group.metadata(first)}
         except TemplateError as exc:
             return [str(exc)] * len(samples)
-        completions = [s.completion for s in samples]
-        out: list[Encoded | str] = []
+
+        def render(texts: list[str], k: int = len(samples)) -> str:
+            return self.group.fill({**values, "completions": numbered(texts), "index": str(k)})
+
         with self._tokenizer_lock:
+            # Cut once, for the longest question (most digits in {index}): every question then fits.
+            try:
+                listing, _ = self._fit(render, [s.completion for s in samples])
+            except SampleError as exc:
+                return [str(exc)] * len(samples)
+            out: list[Encoded | str] = []
             for k in range(1, len(samples) + 1):
-                try:
-                    ids = self._fit(
-                        lambda texts, k=k: self.group.fill(
-                            {**values, "completions": numbered(texts), "index": str(k)}
-                        ),
-                        completions,
-                    )
-                except SampleError as exc:
-                    out.append(str(exc))
+                ids = self._ids(render(listing, k))
+                if len(ids) > self.loaded.max_positions:  # a tokenizer that merges differently at k
+                    out.append(f"the question about [{k}] is {len(ids)} tokens, over the judge's context")
                     continue
                 out.append(Encoded(input_ids=ids, positions=[len(ids) - 1]))
         return out

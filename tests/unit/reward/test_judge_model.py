@@ -179,3 +179,24 @@ async def test_remote_judge_names_are_reserved(tiny_models):
     with pytest.raises(InvalidArgument, match="remote judge") as caught:
         await registry.load(_spec(tiny_models["judge"]))
     assert caught.value.field == "name"
+
+
+async def test_swap_while_requests_are_in_flight(registry, tiny_models):
+    """Requests racing a swap each see one whole judge (the old or the new), none fails."""
+    samples = _samples()
+    old = [r.value for r in await registry.score("judge:judge", samples, {})]
+    new_spec = ModelSpec(
+        name="judge",
+        path=str(tiny_models["policy"]),
+        kind=ModelKind.JUDGE,
+        positive_token="+",
+        negative_token="-",
+    )
+    requests = [asyncio.ensure_future(registry.score("judge:judge", samples, {})) for _ in range(6)]
+    swap = asyncio.ensure_future(registry.load(new_spec))
+    later = [asyncio.ensure_future(registry.score("judge:judge", samples, {})) for _ in range(6)]
+    await swap
+    new = [r.value for r in await registry.score("judge:judge", samples, {})]
+    for results in await asyncio.gather(*requests, *later):
+        values = [r.value for r in results]
+        assert values == pytest.approx(old, abs=1e-5) or values == pytest.approx(new, abs=1e-5)
