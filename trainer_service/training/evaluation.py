@@ -25,6 +25,7 @@ import datasets
 from transformers import PreTrainedTokenizerBase, TrainerCallback, TrainerControl, TrainerState
 
 from trainer_service.core.types import EventSink, JobEvent, RunState, discard
+from trainer_service.rollout.episodes import EpisodePlan
 from trainer_service.rollout.replicas import RolloutReplicas
 from trainer_service.rollout.service_rollout import SamplingConfig, ServiceRollout
 from trainer_service.rollout.weight_sync import WeightSync
@@ -56,6 +57,7 @@ class HeldOutEvaluator:
         num_samples: int,
         threshold: float,
         retry_timeout_s: float = 300.0,
+        episodes: EpisodePlan | None = None,
     ):
         self.dataset = dataset
         self.scorer = scorer
@@ -63,8 +65,13 @@ class HeldOutEvaluator:
         self.num_samples = num_samples
         self.threshold = threshold
         greedy = replace(sampling, temperature=0.0, top_p=1.0, top_k=None, min_p=None, seed=None)
-        self._greedy = ServiceRollout(replicas, sync, greedy, 1, retry_timeout_s=retry_timeout_s)
-        self._sampled = ServiceRollout(replicas, sync, sampling, num_samples, retry_timeout_s=retry_timeout_s)
+        # A tool-using run is evaluated on whole episodes, as it trains.
+        self._greedy = ServiceRollout(
+            replicas, sync, greedy, 1, retry_timeout_s=retry_timeout_s, episodes=episodes
+        )
+        self._sampled = ServiceRollout(
+            replicas, sync, sampling, num_samples, retry_timeout_s=retry_timeout_s, episodes=episodes
+        )
 
     def evaluate(self, trainer: Any) -> dict[str, float]:
         """The metrics of the policy the trainer holds now (its pushed weights)."""

@@ -371,6 +371,7 @@ def _train(
             num_samples=t.num_generations_eval or t.num_generations,
             threshold=t.eval_pass_threshold,
             retry_timeout_s=config.services.retry_timeout_s,
+            episodes=episodes,
         )
         evaluation = EvaluationCallback(evaluator, t.eval_steps, output_dir, sink)
     guard_callback = None

@@ -41,6 +41,8 @@ def test_a_run_trains_on_calculator_episodes(tiny_models, train_file, tool_servi
         max_tool_calling_iterations=2,
         async_rollout=async_rollout,
     )
+    raw["data"]["eval"] = str(train_file)
+    raw["training"].update(eval_steps=2, num_generations_eval=2)
     result = run_job(parse_config(raw))
     assert result.state is RunState.COMPLETED, result.message
     rows = read_metrics(result.output_dir / "metrics.jsonl")
@@ -48,3 +50,5 @@ def test_a_run_trains_on_calculator_episodes(tiny_models, train_file, tool_servi
     assert trained, rows
     for row in trained:
         assert row["tools/call_frequency"] >= 0 and row["tools/episode_error_frequency"] == 0.0
+    evaluations = read_metrics(result.output_dir / "eval_metrics.jsonl")
+    assert [row["step"] for row in evaluations] == [0, 2]  # held-out evaluation runs on episodes too
