@@ -200,3 +200,23 @@ async def test_swap_while_requests_are_in_flight(registry, tiny_models):
     for results in await asyncio.gather(*requests, *later):
         values = [r.value for r in results]
         assert values == pytest.approx(old, abs=1e-5) or values == pytest.approx(new, abs=1e-5)
+
+
+async def test_preloaded_judge_and_its_errors(tiny_models):
+    entry = {
+        "name": "pre",
+        "path": str(tiny_models["judge"]),
+        "kind": "judge",
+        "judge_template": POINTWISE_TEMPLATE,
+    }
+    registry = ModelRegistry(ModelSettings.model_validate({"preload": [entry]}))
+    try:
+        await registry.start()
+        (result,) = await registry.score("judge:pre", _samples()[:1], {})
+        assert result.value > 0.7
+    finally:
+        await registry.close()
+    bad = ModelRegistry(ModelSettings.model_validate({"preload": [{**entry, "judge_template": "{answer}"}]}))
+    with pytest.raises(InvalidArgument) as caught:
+        await bad.start()
+    assert caught.value.field == "models.preload[0].judge_template"
