@@ -342,12 +342,9 @@ def test_network_policies_admit_only_the_intended_callers(overlay):
         assert allowed == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "trainer"}}}]
         # Out of rollout: DNS and the reward service's EnvironmentService (tool episodes), nothing else.
         rollout_egress = {
-            (
-                p["port"],
-                rule["to"][0].get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/name"),
-            )
+            (port["port"], *rule["to"][0]["podSelector"]["matchLabels"].values())
             for rule in policies["rollout"]["egress"]
-            for p in rule["ports"]
+            for port in rule["ports"]
         }
         assert rollout_egress == {(53, "kube-dns"), (50051, "reward")}
     trainer_egress_ports = {p["port"] for rule in policies["trainer"]["egress"] for p in rule["ports"]}
