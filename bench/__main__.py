@@ -11,7 +11,14 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).parent
-SCRIPTS = ["reward_bench.py", "prm_bench.py", "judge_bench.py", "rollout_bench.py", "e2e_bench.py", "tools_bench.py"]
+SCRIPTS = [
+    "reward_bench.py",
+    "prm_bench.py",
+    "judge_bench.py",
+    "rollout_bench.py",
+    "e2e_bench.py",
+    "tools_bench.py",
+]
 
 
 def main() -> int:
