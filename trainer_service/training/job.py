@@ -215,7 +215,7 @@ def reward_requirements(client: RewardClient, terms: Sequence[RewardTerm]) -> di
         key = "training.prm_reward" if term.name.startswith("prm:") else "training.reward_fn"
         info = offered.get(term.name)
         if info is None:
-            if term.name.startswith(("prm:", "orm:")):
+            if term.name.startswith(("prm:", "orm:", "judge:")):
                 continue  # models are loaded at run time; the Score call reports a missing one
             names = ", ".join(sorted(offered))
             raise ConfigError(

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from grpo_runtime.config import ConfigError
 from reward_service.client import RewardClient
 from reward_service.server import build
 from reward_service.settings import load_settings
 from tests.support.server_thread import server_thread
 from trainer_service.config.run_config import RewardTerm
+from trainer_service.training.job import reward_requirements
 from trainer_service.training.rewards import BatchScorer
 
 TERMS = [RewardTerm(name="accuracy"), RewardTerm(name="repetition_penalty", weight=0.5)]
@@ -79,3 +81,14 @@ def test_soft_overlong_takes_the_runs_max_completion_length():
         # Without the run's length (as before): the service's defaults, 16384 / 4096.
         [service_defaults] = BatchScorer(client, [RewardTerm(name="soft_overlong")]).reward_funcs()
         assert service_defaults(**columns) == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_model_rewards_may_be_loaded_after_the_run_starts_but_unknown_rules_are_refused():
+    with server_thread(lambda: build(load_settings({}))) as server, RewardClient(server.address) as client:
+        terms = [RewardTerm(name=name) for name in ("accuracy", "prm:math", "orm:helpful", "judge:strict")]
+        requirements = reward_requirements(client, terms)
+        assert "answer" in "|".join(requirements["accuracy"])
+        assert not {"prm:math", "orm:helpful", "judge:strict"} & requirements.keys()
+        with pytest.raises(ConfigError, match="'judges:strict' is not offered") as refused:
+            reward_requirements(client, [RewardTerm(name="judges:strict")])
+        assert refused.value.key == "training.reward_fn"
