@@ -102,6 +102,7 @@ class GuardCallback(TrainerCallback):
             if restored is None:
                 verdict.action = "halt"
             else:
+                self.guards.rollbacks += 1
                 self._restore(restored)
                 control.should_save = False
         if verdict.action == "halt":

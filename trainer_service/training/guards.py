@@ -194,7 +194,8 @@ class StepVerdict:
 
 
 class Guards:
-    """Every configured guard; :meth:`judge` one step at a time."""
+    """Every configured guard; :meth:`judge` one step at a time. ``rollbacks``: the rollbacks carried out
+    (the caller counts them: a rollback without a checkpoint to restore is a halt, not an attempt)."""
 
     def __init__(self, config: GuardsConfig):
         self.config = config
@@ -223,9 +224,6 @@ class Guards:
         if self.eval_gate is not None and evaluation is not None:
             findings += self.eval_gate.check(step, evaluation)
         action = max((f.action for f in findings), key=SEVERITY.__getitem__, default="none")
-        if action == "rollback":
-            if self.rollbacks >= self.config.rollback.max_attempts:
-                action = "halt"
-            else:
-                self.rollbacks += 1
+        if action == "rollback" and self.rollbacks >= self.config.rollback.max_attempts:
+            action = "halt"
         return StepVerdict(step, findings, action)

@@ -80,3 +80,30 @@ def test_echo_trap_halts_the_run_at_the_step_it_fires(tiny_models, services, tra
     assert row["step"] == 1 and row["action"] == "halt"
     assert row["findings"][0]["guard"] == "echo_trap" and row["findings"][0]["value"] == 1.0
     assert (result.output_dir / "checkpoint-1").is_dir()  # halting saves a checkpoint to resume from
+
+
+def test_reward_without_spread_trips_reward_hacking_and_halts_without_a_good_checkpoint(
+    tiny_models, services, train_file, tmp_path
+):
+    """The tiny policy never answers a doubling right, so accuracy alone gives every group the same reward
+    (TRL's frac_reward_zero_std = 1): the signal fires at step 1, before any checkpoint exists, and the
+    rollback it asks for becomes a halt."""
+    config = run_config(
+        tiny_models,
+        train_file,
+        tmp_path / "flat",
+        services.reward.target,
+        services.rollout.target,
+        max_steps=3,
+        save_steps=1,
+        reward_fn="accuracy",
+        guards={
+            "reward_hacking": {"action": "rollback", "max_length_growth": None, "max_frac_zero_std": 0.5}
+        },
+    )
+    result = run_job(parse_config(config))
+    assert result.state is RunState.STOPPED and result.step == 1
+    [row] = read_metrics(result.output_dir / "guards.jsonl")
+    assert row["action"] == "halt" and row["rollbacks"] == 0 and "restored" not in row
+    [finding] = row["findings"]
+    assert finding["signal"] == "frac_reward_zero_std" and finding["value"] == 1.0

@@ -120,12 +120,11 @@ def test_verdict_takes_the_most_severe_action_and_bounds_rollbacks():
     assert guards.judge(1, {"loss": 0.1}, [[1, 2, 3]]).action == "none"
     verdict = guards.judge(2, {"loss": 0.1}, echo)
     assert verdict.action == "warn" and verdict.record()["findings"][0]["guard"] == "echo_trap"
-    assert [guards.judge(s, {"loss": 5.0}, echo).action for s in (3, 4, 5)] == [
-        "rollback",
-        "rollback",
-        "halt",
-    ]
-    assert guards.rollbacks == 2
+    actions = []
+    for step in (3, 4, 5):
+        actions.append(guards.judge(step, {"loss": 5.0}, echo).action)
+        guards.rollbacks += actions[-1] == "rollback"  # the callback counts the rollbacks it carries out
+    assert actions == ["rollback", "rollback", "halt"] and guards.rollbacks == 2
 
 
 BASE = {"base": "m", "data": {"train": "t", "eval": "e"}}
