@@ -15,7 +15,8 @@ Lifecycle: ``start`` binds the port, starts the metrics endpoint and the server,
 companions (other listeners of the same service, e.g. an HTTP API, on the same host), then marks ``""``
 and every service SERVING. ``stop`` marks everything NOT_SERVING at once (open health ``Watch``
 streams see it and end), waits ``shutdown_delay_s``, refuses new RPCs (and companion requests) and gives
-in-flight ones ``grace_period_s`` to finish (then cancels them), and finally runs ``on_shutdown``.
+in-flight ones ``grace_period_s`` to finish (then cancels them), and finally runs ``on_shutdown`` (which
+also runs when ``async with`` fails to start the server).
 """
 
 from __future__ import annotations
@@ -265,10 +266,7 @@ class GrpcServer:
             await asyncio.gather(
                 self._server.stop(grace_s), *(companion.stop() for companion in self.companions)
             )
-            if self._on_shutdown is not None:
-                result = self._on_shutdown()
-                if inspect.isawaitable(result):
-                    await result
+            await self._release()
         except Exception:
             logger.exception("error during shutdown cleanup")
         finally:
@@ -314,8 +312,22 @@ class GrpcServer:
         logger.info("%s received", signal.Signals(signum).name)
         self.request_stop()
 
+    async def _release(self) -> None:
+        if self._on_shutdown is not None:
+            result = self._on_shutdown()
+            if inspect.isawaitable(result):
+                await result
+
     async def __aenter__(self) -> GrpcServer:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            # A server that never started still owns what on_shutdown releases (worker pools, engines).
+            try:
+                await self._release()
+            except Exception:
+                logger.exception("error during cleanup after a failed start")
+            raise
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
