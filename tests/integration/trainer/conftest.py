@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.trainer.fixtures import DEMO_MODEL
 from trainer_service.local.launcher import LocalServices, start_local_services
 
 
@@ -21,6 +22,19 @@ def services(tiny_models, tmp_path_factory) -> LocalServices:
         model=tiny_models["policy"],
         engine="hf",
         log_dir=tmp_path_factory.mktemp("service-logs"),
+    ) as local:
+        yield local
+
+
+@pytest.fixture(scope="module")
+def demo_services(tmp_path_factory) -> LocalServices:
+    """Reward and rollout (HF engine, the demo policy) services, one pair per test module."""
+    with start_local_services(
+        need_reward=True,
+        need_rollout=True,
+        model=DEMO_MODEL,
+        engine="hf",
+        log_dir=tmp_path_factory.mktemp("demo-service-logs"),
     ) as local:
         yield local
 

@@ -16,6 +16,11 @@ from trainer_service.core.types import JobEvent
 from trainer_service.local.launcher import ServiceProcess
 from trainer_service.settings import TrainerServiceSettings
 
+# The shipped demo policy and its data (``make run``): a model whose accuracy can move in a few steps.
+REPO = Path(__file__).resolve().parents[3]
+DEMO_MODEL = REPO / "models" / "demo"
+DEMO_DATA = REPO / "data" / "demo"
+
 
 def confined_settings(root: Path, **overrides) -> TrainerServiceSettings:
     """Trainer service settings whose runs root is ``root/runs``, data root ``root`` and secret root

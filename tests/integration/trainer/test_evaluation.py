@@ -9,36 +9,22 @@ ended: the rows measure the policy the trainer trains, at every evaluated step.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from reward_service.client import RewardClient, trl_samples
 from rollout_service.client import RolloutClient
+from tests.integration.trainer.fixtures import DEMO_DATA, DEMO_MODEL
 from trainer_service.config.run_config import parse_config
 from trainer_service.core.types import RunState
-from trainer_service.local.launcher import LocalServices, start_local_services
+from trainer_service.local.launcher import LocalServices
 from trainer_service.training.callbacks import read_metrics
 from trainer_service.training.job import run_job
 
 pytestmark = pytest.mark.slow
 
-DEMO_MODEL = Path("models/demo")
-DEMO_DATA = Path("data/demo")
 EVAL_PROMPTS = 24
 MAX_TOKENS = 8
-
-
-@pytest.fixture(scope="module")
-def demo_services(tmp_path_factory) -> LocalServices:
-    with start_local_services(
-        need_reward=True,
-        need_rollout=True,
-        model=DEMO_MODEL,
-        engine="hf",
-        log_dir=tmp_path_factory.mktemp("service-logs"),
-    ) as local:
-        yield local
 
 
 def greedy_accuracy(services: LocalServices, rows: list[dict]) -> float:
