@@ -52,6 +52,7 @@ class ScriptedEngine(Engine):
         self.max_model_len = 512
         self.script = script
         self.turns_generated = 0
+        self.updates_applied = 0
 
     def generate(self, jobs: list[GenerationJob]) -> None:
         eos = self.tokenizer.eos_token_id
@@ -67,7 +68,8 @@ class ScriptedEngine(Engine):
                 job.results += [RawCompletion(ids, [SCRIPTED_LOGPROB] * len(ids), finish)] * job.n
 
     def apply_update(self, update) -> None:
-        raise NotImplementedError
+        # The script ignores weights; the core has validated the update against the model's catalog.
+        self.updates_applied += 1
 
     def sleep(self, level: int) -> None:
         pass

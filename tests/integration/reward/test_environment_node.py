@@ -6,49 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-import shutil
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
 
 from grpo_runtime.call_errors import ServiceCallError
 from grpo_runtime.env_client import EnvironmentClient, ToolCall
-
-NODE_DIR = Path(__file__).resolve().parents[3] / "examples" / "node"
-LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
-
-
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(f"{name} is not on PATH: the Node.js environment test needs Node.js 20+ and npm")
-    return path
+from tests.support.node_env import node_env_server
 
 
 @pytest.fixture(scope="module")
 def node_env() -> Iterator[str]:
     """The server started as users start it, on a free loopback port; its address."""
-    if not (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir():
-        subprocess.run([_tool("npm"), "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, timeout=600)
-    process = subprocess.Popen(
-        [_tool("node"), "env_server.js", "--port", "0", "--max-open", "3"],
-        cwd=NODE_DIR,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        line = process.stdout.readline()  # the server prints one line once it listens (or why it cannot)
-        match = LISTENING.search(line)
-        assert match, f"the Node server did not start: {line}"
-        yield f"127.0.0.1:{match.group(1)}"
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    with node_env_server("--max-open", "3") as address:
+        yield address
 
 
 def guess(number) -> ToolCall:

@@ -1,0 +1,46 @@
+"""The Node.js environment server (examples/node/env_server.js) started as users start it: a real ``node``
+process on a free loopback port. Needs ``node`` (20+) and ``npm`` on PATH; ``npm ci`` runs once when
+examples/node/node_modules is missing."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+NODE_DIR = Path(__file__).resolve().parents[2] / "examples" / "node"
+LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not on PATH: the Node.js environment tests need Node.js 20+ and npm")
+    return path
+
+
+@contextmanager
+def node_env_server(*args: str) -> Iterator[str]:
+    """Runs ``node env_server.js --port 0 *args``; yields its address, terminates it on exit."""
+    if not (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir():
+        subprocess.run([_tool("npm"), "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, timeout=600)
+    process = subprocess.Popen(
+        [_tool("node"), "env_server.js", "--port", "0", *args],
+        cwd=NODE_DIR,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        line = process.stdout.readline()  # the server prints one line once it listens (or why it cannot)
+        match = LISTENING.search(line)
+        assert match, f"the Node server did not start: {line}"
+        yield f"127.0.0.1:{match.group(1)}"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
