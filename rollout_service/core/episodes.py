@@ -255,10 +255,14 @@ class EpisodeRunner:
             if env_done or turn + 1 >= max_turns or state.tool_calls + len(parsed) > max_calls:
                 state.finish = FinishReason.TURN_LIMIT
                 return
-            outcome = await self._step(env, episode, parsed)
-            suffix = await asyncio.to_thread(self._suffixer.suffix_ids, list(outcome.results))
             state.tool_calls += len(parsed)
+            try:
+                outcome = await self._step(env, episode, parsed)
+            except EnvironmentFailure:
+                state.tool_failures += len(parsed)  # the model's calls were made; none got a result
+                raise
             state.tool_failures += sum(r.error for r in outcome.results)
+            suffix = await asyncio.to_thread(self._suffixer.suffix_ids, list(outcome.results))
             # The next turn needs room for at least one token (TRL drops results that would overflow).
             if (
                 len(state.tokens) + len(suffix) >= sampling.max_tokens

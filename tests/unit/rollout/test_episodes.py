@@ -160,6 +160,7 @@ async def test_a_hung_step_ends_that_episode_with_the_reason(scripted):
     assert all(c.finish_reason == FinishReason.ERROR for c in out)
     assert all("Step timed out after 0.3 s" in c.error for c in out)
     assert all(c.turns and c.tool_mask == [1] * len(c.token_ids) for c in out)  # tokens so far are kept
+    assert all(c.tool_call_count == c.tool_failure_count == 1 for c in out)  # the call made, and failed
     assert env.closed == 2
 
 
@@ -167,7 +168,7 @@ async def test_a_dead_environment_is_a_per_completion_error(scripted):
     core, _, _ = await scripted(mode="die")
     [c] = await core.generate(episode_request())
     assert c.finish_reason == FinishReason.ERROR and "went away" in c.error
-    assert c.env_reward is None
+    assert c.env_reward is None and c.tool_call_count == c.tool_failure_count == 1
 
 
 async def test_a_flooding_tool_is_cut_and_cannot_overrun_the_budget(scripted):
