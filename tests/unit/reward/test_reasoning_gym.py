@@ -57,7 +57,8 @@ def test_entry_metadata_as_object_and_as_json_text_score_alike():
     task = "leg_counting"
     completion = f"<answer>{gold(task, 1)}</answer>"
     results = score(
-        task, [entry_sample(task, completion, index=1), entry_sample(task, completion, index=1, as_text=False)]
+        task,
+        [entry_sample(task, completion, index=1), entry_sample(task, completion, index=1, as_text=False)],
     )
     assert [r.value for r in results] == [1.0, 1.0]
 

@@ -1,4 +1,5 @@
-"""Objective keys of the run config: refused combinations name the key, accepted ones change what TRL trains."""
+"""Objective keys of the run config: refused combinations name the key, accepted ones change what TRL
+trains."""
 
 from __future__ import annotations
 
