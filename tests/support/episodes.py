@@ -14,13 +14,20 @@ import itertools
 import json
 import operator
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from transformers import AutoTokenizer
 
 from grpo_runtime.env_types import Episode, EpisodeReward, StepOutcome, ToolCall, ToolDefinition, ToolResult
+from grpo_runtime.server import GrpcServer
+from rollout_service.core.rollout import RolloutCore
 from rollout_service.core.types import FinishReason, GenerationJob, RawCompletion
 from rollout_service.engines.base import Engine
+from rollout_service.server import binding, environment_clients
+from rollout_service.settings import EpisodeSettings, RolloutSettings
+from rollout_service.weights import ParamCatalog
+from tests.support.server_thread import server_thread
 
 SCRIPTED_LOGPROB = -0.5
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
@@ -147,3 +154,28 @@ class CalculatorEnvironment:
 
     async def close(self) -> None:
         pass
+
+
+def scripted_rollout_server(
+    model_dir, script: Callable[[str], str], targets: Mapping[str, str], **episodes: Any
+) -> tuple[ScriptedEngine, AbstractContextManager[GrpcServer]]:
+    """A real rollout server (in a thread, on loopback) whose engine follows ``script`` and whose episodes
+    dial ``targets`` (name → environment service address); ``episodes``: more EpisodeSettings fields.
+    Returns the engine (to read its counters) and the server's context manager."""
+    settings = RolloutSettings(
+        model=str(model_dir), episodes=EpisodeSettings(targets=dict(targets), **episodes)
+    )
+    engine = ScriptedEngine(model_dir, script)
+
+    async def build():
+        core = RolloutCore(
+            engine,
+            engine.tokenizer,
+            ParamCatalog.from_model_dir(model_dir),
+            environments=environment_clients(settings),
+            episode_settings=settings.episodes,
+        )
+        await core.start()
+        return [binding(core)], core.close
+
+    return engine, server_thread(build)

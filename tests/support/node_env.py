@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,9 +25,15 @@ def _tool(name: str) -> str:
     return path
 
 
+@dataclass(frozen=True)
+class NodeServer:
+    address: str
+    process: subprocess.Popen
+
+
 @contextmanager
-def node_env_server(*args: str) -> Iterator[str]:
-    """Runs ``node env_server.js --port 0 *args``; yields its address, terminates it on exit."""
+def node_env_server(*args: str) -> Iterator[NodeServer]:
+    """Runs ``node env_server.js --port 0 *args``; yields it, terminates it on exit (if still running)."""
     if not (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir():
         subprocess.run([_tool("npm"), "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, timeout=600)
     process = subprocess.Popen(
@@ -40,7 +47,7 @@ def node_env_server(*args: str) -> Iterator[str]:
         line = process.stdout.readline()  # the server prints one line once it listens (or why it cannot)
         match = LISTENING.search(line)
         assert match, f"the Node server did not start: {line}"
-        yield f"127.0.0.1:{match.group(1)}"
+        yield NodeServer(f"127.0.0.1:{match.group(1)}", process)
     finally:
         process.terminate()
         process.wait(timeout=30)

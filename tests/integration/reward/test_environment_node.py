@@ -19,8 +19,8 @@ from tests.support.node_env import node_env_server
 @pytest.fixture(scope="module")
 def node_env() -> Iterator[str]:
     """The server started as users start it, on a free loopback port; its address."""
-    with node_env_server("--max-open", "3") as address:
-        yield address
+    with node_env_server("--max-open", "3") as server:
+        yield server.address
 
 
 def guess(number) -> ToolCall:

@@ -13,15 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from rollout_service.core.rollout import RolloutCore
-from rollout_service.server import binding, environment_clients
-from rollout_service.settings import EpisodeSettings, RolloutSettings
-from rollout_service.weights import ParamCatalog
 from tests.integration.reward.fixtures import SETTINGS, reward_server_thread
 from tests.integration.trainer.fixtures import run_config
-from tests.support.episodes import ScriptedEngine
+from tests.support.episodes import scripted_rollout_server
 from tests.support.node_env import node_env_server
-from tests.support.server_thread import server_thread
 from trainer_service.config.run_config import parse_config
 from trainer_service.core.types import RunState
 from trainer_service.training.callbacks import read_metrics
@@ -48,29 +43,8 @@ def bisect(prompt: str) -> str:
 
 @pytest.fixture(scope="module")
 def node_env() -> Iterator[str]:
-    with node_env_server() as address:
-        yield address
-
-
-def scripted_rollout(model_dir: Path, env_address: str):
-    """A rollout server whose engine plays by ``bisect``, dialing the Node server as its "default" target."""
-    settings = RolloutSettings(
-        model=str(model_dir), episodes=EpisodeSettings(targets={"default": env_address})
-    )
-    engine = ScriptedEngine(model_dir, bisect)
-
-    async def build():
-        core = RolloutCore(
-            engine,
-            engine.tokenizer,
-            ParamCatalog.from_model_dir(model_dir),
-            environments=environment_clients(settings),
-            episode_settings=settings.episodes,
-        )
-        await core.start()
-        return [binding(core)], core.close
-
-    return engine, server_thread(build)
+    with node_env_server() as server:
+        yield server.address
 
 
 @pytest.fixture
@@ -92,7 +66,7 @@ def secrets_file(tmp_path) -> Path:
 
 
 def test_a_run_trains_against_the_node_environment(tiny_models, secrets_file, node_env, tmp_path):
-    engine, rollout = scripted_rollout(tiny_models["policy"], node_env)
+    engine, rollout = scripted_rollout_server(tiny_models["policy"], bisect, {"default": node_env})
     with reward_server_thread(SETTINGS) as reward, rollout as server:
         raw = run_config(
             tiny_models,
