@@ -68,8 +68,9 @@ RETRY_ADVICE = {
         "Do not retry; send `authorization: Bearer <admin token>` metadata with the configured token."
     ),
     "RESOURCE_EXHAUSTED": (
-        "Retry with backoff: too many requests in flight or a message above the size limit "
-        "(split large requests)."
+        "Retry only when the status carries the `grpc-retry-pushback-ms` trailer (a bound that clears by "
+        "itself, such as too many requests in flight), waiting at least that long; the service clients do. "
+        "Without it (a message or request above a size limit) do not retry unchanged: split large requests."
     ),
     "UNAVAILABLE": "Retry with backoff: the server is starting, draining or unreachable.",
     "DEADLINE_EXCEEDED": (
@@ -82,8 +83,10 @@ RETRY_ADVICE = {
 }
 
 # The "Retry?" column of each service's table: always (with backoff), depending on the situation, or never.
-_RETRYABLE = {"UNAVAILABLE", "RESOURCE_EXHAUSTED"}
+_RETRYABLE = {"UNAVAILABLE"}
 _CONDITIONAL = {"DEADLINE_EXCEEDED", "CANCELLED", "FAILED_PRECONDITION"}
+# Retried as grpo_runtime.call_errors.ServiceCallError.retryable decides: only with the server's pushback.
+_WITH_PUSHBACK = {"RESOURCE_EXHAUSTED"}
 _DEFAULT_PORTS = {"grpo.reward.v1": "50051", "grpo.rollout.v1": "50052", "grpo.trainer.v1": "50053"}
 
 # Codes the shared runtime (grpo_runtime) can return on any RPC, whatever the service comments say.
@@ -279,11 +282,12 @@ class Renderer:
                 source = "admin RPCs without a valid token"
             else:
                 source = "runtime / transport"
-            retry = (
-                "yes, with backoff"
-                if code in _RETRYABLE
-                else ("conditional" if code in _CONDITIONAL else "no")
-            )
+            if code in _RETRYABLE:
+                retry = "yes, with backoff"
+            elif code in _WITH_PUSHBACK:
+                retry = "only with `grpc-retry-pushback-ms`"
+            else:
+                retry = "conditional" if code in _CONDITIONAL else "no"
             out.append(f"| `{code}` | {source} | {retry} |")
         return out
 

@@ -68,7 +68,8 @@ def test_every_rpc_message_and_field_is_documented_with_its_admin_flag():
                 assert f"| `{value.name}` | {value.number} |" in section
     # Retry advice: what to retry and what never to.
     assert "| `UNAVAILABLE` | Retry with backoff" in text
-    assert "| `RESOURCE_EXHAUSTED` | Retry with backoff" in text
+    assert "| `RESOURCE_EXHAUSTED` | Retry only when the status carries the `grpc-retry-pushback-ms`" in text
+    assert "| `RESOURCE_EXHAUSTED` | runtime / transport | only with `grpc-retry-pushback-ms` |" in text
     assert "| `INVALID_ARGUMENT` | Never retry" in text
 
 
