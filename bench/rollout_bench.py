@@ -36,6 +36,7 @@ Per engine (one service each, started in this process on 127.0.0.1):
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import json
 import os
@@ -45,6 +46,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -56,10 +59,12 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import save as safetensors_save
 from transformers import AutoModelForCausalLM
 
+from grpo_runtime.config import ServerConfig
+from grpo_runtime.server import GrpcServer
 from rollout_service.client import CHUNK_BYTES, RolloutClient
 from rollout_service.core.payload import encode
 from rollout_service.core.types import GenerateRequest, PromptInput, SamplingSpec
-from rollout_service.server import BackgroundServer
+from rollout_service.server import binding, build_core
 from rollout_service.settings import RolloutSettings
 from rollout_service.weights import state_dict_bytes
 
@@ -171,7 +176,7 @@ def push_to_own_process(model: str, state_dict: dict[str, torch.Tensor], rounds:
 
 def bench_weights(
     client: RolloutClient,
-    server: BackgroundServer,
+    address: str,
     model: str,
     rounds: int,
     work: Path,
@@ -204,7 +209,7 @@ def bench_weights(
     state_dict = AutoModelForCausalLM.from_pretrained(model).state_dict()
     state_dict.pop("lm_head.weight", None)  # tied to the embeddings
     nbytes = sum(t.numel() * t.element_size() for t in state_dict.values())
-    stub = rollout_pb2_grpc.RolloutServiceStub(grpc.insecure_channel(server.address))
+    stub = rollout_pb2_grpc.RolloutServiceStub(grpc.insecure_channel(address))
     pushes, prepares, baseline = [], [], []
     for _ in range(rounds):
         version += 1
@@ -265,15 +270,44 @@ def bench_engine(engine: str, model: str, rounds: int, work: Path, only_weights:
     settings = RolloutSettings(
         model=model, engine=engine, max_model_len=512, weights_root=str(work), vllm={"max_lora_rank": 16}
     )
+    return asyncio.run(serve_and_measure(settings, rounds, only_weights))
+
+
+async def serve_and_measure(settings: RolloutSettings, rounds: int, only_weights: bool) -> dict:
+    """The service on this thread's event loop, assembled as ``python -m rollout_service`` assembles it; the
+    measurements (blocking clients, as TRL calls them) in a thread of their own."""
     start = time.perf_counter()
-    server = BackgroundServer(settings).start()
-    out: dict = {"engine": engine, "start_s": time.perf_counter() - start}
-    try:
-        client = RolloutClient(server.address, timeout_s=600)
+    core = await build_core(settings)
+    config = ServerConfig(host="127.0.0.1", port=0)
+    async with GrpcServer(config, [binding(core)], on_shutdown=core.close) as server:
+        out: dict = {"engine": settings.engine, "start_s": time.perf_counter() - start}
+        loop = asyncio.get_running_loop()
+
+        def in_process(request: GenerateRequest) -> None:
+            asyncio.run_coroutine_threadsafe(core.generate(request), loop).result()
+
+        # Not the loop's default executor: the core runs its engine calls there.
+        with ThreadPoolExecutor(1, thread_name_prefix="bench") as measurer:
+            run = partial(measure, server.address, in_process, settings, rounds, only_weights, out)
+            await loop.run_in_executor(measurer, run)
+    return out
+
+
+def measure(
+    address: str,
+    in_process: Callable[[GenerateRequest], None],
+    settings: RolloutSettings,
+    rounds: int,
+    only_weights: bool,
+    out: dict,
+) -> None:
+    """Every figure of the service at ``address`` into ``out``; ``in_process(request)`` runs
+    RolloutCore.generate on the server's event loop."""
+    model, work, engine = settings.model, Path(settings.weights_root), settings.engine
+    with RolloutClient(address, timeout_s=600) as client:
         if only_weights:
-            bench_weights(client, server, model, rounds, work, engine, out)
-            client.close()
-            return out
+            bench_weights(client, address, model, rounds, work, engine, out)
+            return
         request = GenerateRequest(
             prompts=tuple(PromptInput(id=str(i), text=p) for i, p in enumerate(PROMPTS)),
             n=N,
@@ -283,7 +317,7 @@ def bench_engine(engine: str, model: str, rounds: int, work: Path, only_weights:
         grpc_runs, local_runs = [], []
         for _ in range(rounds):
             grpc_runs.append(timed(lambda: client.generate(PROMPTS, n=N, sampling=SAMPLING)))
-            local_runs.append(timed(lambda: server.call(server.core.generate(request))))
+            local_runs.append(timed(partial(in_process, request)))
         tokens = len(PROMPTS) * N * TOKENS
         g, loc = statistics.median(r[0] for r in grpc_runs), statistics.median(r[0] for r in local_runs)
         g_cpu, loc_cpu = (
@@ -305,7 +339,7 @@ def bench_engine(engine: str, model: str, rounds: int, work: Path, only_weights:
         sample = client.generate(PROMPTS, n=2, sampling={"max_tokens": 32, "temperature": 0.8, "seed": 1})
         out["logprob_error"] = logprob_error(reference, sample, 0.8)
 
-        version, state_dict = bench_weights(client, server, model, rounds, work, engine, out)
+        version, state_dict = bench_weights(client, address, model, rounds, work, engine, out)
 
         out["sleep"] = {}
         for level in (1, 2):
@@ -325,10 +359,6 @@ def bench_engine(engine: str, model: str, rounds: int, work: Path, only_weights:
                 "wake_s": wake_s,
                 "wake_includes_full_push": level == 2,
             }
-        client.close()
-    finally:
-        server.stop()
-    return out
 
 
 def main() -> None:

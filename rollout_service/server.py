@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import threading
-from concurrent.futures import Future
 from typing import Any
 
 from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
 from grpo_runtime.cli import run_service
-from grpo_runtime.config import ServerConfig
 from grpo_runtime.env_client import EnvironmentClient
-from grpo_runtime.server import GrpcServer, ServiceBinding
+from grpo_runtime.server import ServiceBinding
 from rollout_service.api.rollout import RolloutServicer
 from rollout_service.core.rollout import RolloutCore
 from rollout_service.engines.registry import build_engine, check_model_dir
@@ -92,58 +89,6 @@ def binding(core: RolloutCore) -> ServiceBinding:
 async def build(args: argparse.Namespace, settings: dict[str, Any]):
     core = await build_core(settings_from(args, settings))
     return [binding(core)], core.close
-
-
-class BackgroundServer:
-    """The rollout service on its own event loop in a daemon thread, for tests, benchmarks and a
-    trainer that spawns its rollout service locally.
-
-        with BackgroundServer(RolloutSettings(model=DIR, engine="hf")) as server:
-            client = RolloutClient(server.address)
-
-    ``core`` is the live RolloutCore (call its coroutines with :meth:`call`).
-    """
-
-    def __init__(self, settings: RolloutSettings, config: ServerConfig | None = None) -> None:
-        self.settings = settings
-        self.config = config or ServerConfig(host="127.0.0.1", port=0)
-        self.loop = asyncio.new_event_loop()
-        self.core: RolloutCore | None = None
-        self._server: GrpcServer | None = None
-        self._thread = threading.Thread(target=self.loop.run_forever, name="rollout-server", daemon=True)
-
-    def start(self) -> BackgroundServer:
-        self._thread.start()
-        self.call(self._start())
-        return self
-
-    async def _start(self) -> None:
-        self.core = await build_core(self.settings)
-        self._server = GrpcServer(self.config, [binding(self.core)], on_shutdown=self.core.close)
-        await self._server.start()
-
-    @property
-    def address(self) -> str:
-        assert self._server is not None
-        return self._server.address
-
-    def call(self, coro, timeout_s: float | None = None):
-        """Run a coroutine on the server's loop and wait for its result."""
-        future: Future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        return future.result(timeout_s)
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self.call(self._server.stop(0))
-            self._server = None
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=30)
-
-    def __enter__(self) -> BackgroundServer:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,13 +12,16 @@ from typing import Any
 from grpo_runtime.config import ServerConfig
 from grpo_runtime.server import Cleanup, GrpcServer, ServiceBinding
 
+DEFAULT_CONFIG = ServerConfig(host="127.0.0.1", port=0, grace_period_s=1)
 Build = Callable[[], Awaitable[tuple[list[ServiceBinding], Cleanup | None]]]
 
 
 @contextmanager
-def server_thread(build: Build, *, startup_timeout_s: float = 120.0) -> Iterator[GrpcServer]:
-    """Serve what ``build()`` returns (a service's ``server.build(settings)``) on 127.0.0.1, a free port; stop
-    it (and run its cleanup) on exit."""
+def server_thread(
+    build: Build, *, config: ServerConfig | None = None, startup_timeout_s: float = 120.0
+) -> Iterator[GrpcServer]:
+    """Serve what ``build()`` returns (a service's ``server.build(settings)``) with ``config`` (default:
+    127.0.0.1, a free port, 1 s grace); stop it (and run its cleanup) on exit."""
     loop = asyncio.new_event_loop()
     started: dict[str, Any] = {}
     ready = threading.Event()
@@ -29,8 +32,7 @@ def server_thread(build: Build, *, startup_timeout_s: float = 120.0) -> Iterator
         stop = asyncio.Event()
         try:
             bindings, cleanup = await build()
-            config = ServerConfig(host="127.0.0.1", port=0, grace_period_s=1)
-            async with GrpcServer(config, bindings, on_shutdown=cleanup) as server:
+            async with GrpcServer(config or DEFAULT_CONFIG, bindings, on_shutdown=cleanup) as server:
                 started["server"] = server
                 ready.set()
                 await stop.wait()

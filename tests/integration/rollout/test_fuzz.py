@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
 from rollout_service.core.payload import DTYPES, encode
-from rollout_service.server import BackgroundServer
 from rollout_service.settings import RolloutSettings
+from tests.integration.rollout.fixtures import rollout_server_thread
 
 VOCAB = 513
 ALLOWED = {
@@ -74,7 +74,7 @@ def server(tiny_models, weights_root):
         max_request_tokens=1024,  # keeps every accepted random request a few ms of work
         weights_root=str(weights_root),
     )
-    with BackgroundServer(settings_) as running:
+    with rollout_server_thread(settings_) as running:
         yield running
 
 

@@ -21,8 +21,8 @@ from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
 from rollout_service.core.payload import encode
-from rollout_service.server import BackgroundServer
 from rollout_service.settings import RolloutSettings
+from tests.integration.rollout.fixtures import rollout_server_thread
 from tests.support.statuses import failure
 
 MAX_CONCURRENT = 2
@@ -46,7 +46,7 @@ def server(tiny_models, weights_root):
         weights_root=str(weights_root),
         max_weight_bytes=MAX_WEIGHT_BYTES,
     )
-    with BackgroundServer(settings) as running:
+    with rollout_server_thread(settings) as running:
         yield running
 
 

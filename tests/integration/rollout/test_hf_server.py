@@ -19,8 +19,8 @@ from grpo_runtime.config import ServerConfig
 from rollout_service.client import RolloutClient
 from rollout_service.core.payload import encode
 from rollout_service.core.types import FinishReason, WeightFormat
-from rollout_service.server import BackgroundServer
 from rollout_service.settings import RolloutSettings
+from tests.integration.rollout.fixtures import rollout_server_thread
 from tests.support.statuses import failure
 
 PROMPTS = ["What is 12 + 7?", [{"role": "user", "content": "Compute 3 * 4 - 5."}], [5, 6, 7, 8]]
@@ -32,7 +32,7 @@ def server(tiny_models, tmp_path_factory):
     settings = RolloutSettings(
         model=str(tiny_models["policy"]), engine="hf", weights_root=str(tmp_path_factory.getbasetemp())
     )
-    with BackgroundServer(settings) as running:
+    with rollout_server_thread(settings) as running:
         yield running
 
 
@@ -170,7 +170,7 @@ def test_push_lora_tensors_with_a_peft_config_dict(client, tiny_models):
 def test_admin_rpcs_need_the_token(tiny_models):
     settings = RolloutSettings(model=str(tiny_models["policy"]), engine="hf")
     config = ServerConfig(host="127.0.0.1", port=0, admin_token="s3cret")
-    with BackgroundServer(settings, config) as running:
+    with rollout_server_thread(settings, config) as running:
         with RolloutClient(running.address) as anonymous:
             assert len(anonymous.generate(["hi"], n=1, sampling={"max_tokens": 2})) == 1  # public
             code, _ = failure(lambda: anonymous.sleep(1))

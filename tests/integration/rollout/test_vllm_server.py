@@ -20,8 +20,8 @@ from transformers import AutoModelForCausalLM
 from grpo_runtime.call_errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError
 from rollout_service.client import RolloutClient
 from rollout_service.core.types import FinishReason, WeightFormat
-from rollout_service.server import BackgroundServer
 from rollout_service.settings import RolloutSettings
+from tests.integration.rollout.fixtures import rollout_server_thread
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -39,7 +39,7 @@ def server(tiny_models):
         max_batch_size=64,
         vllm={"max_lora_rank": 8},
     )
-    with BackgroundServer(settings) as running:
+    with rollout_server_thread(settings) as running:
         yield running
 
 
