@@ -48,7 +48,6 @@ from trainer_service.config.guards import GuardsConfig
 from trainer_service.config.rollout_targets import parse_target
 from trainer_service.config.variants import (
     PAPER_CLIP_RANGES,
-    VariantConfigError,
     normalize_variant,
     validate_variant_params,
 )
@@ -495,7 +494,7 @@ def _check_cross_fields(config: RunConfig) -> None:
             epsilon_high=t.grpo_epsilon_high,
             params=t.variant_params,
         )
-    except VariantConfigError as exc:
+    except ConfigError as exc:
         raise ConfigError(str(exc).removeprefix(f"{exc.key}: "), key=f"training.{exc.key}") from exc
     if config.data.max_prompt_length is not None and config.data.max_prompt_length >= config.data.max_length:
         raise ConfigError(
@@ -521,7 +520,7 @@ def _check_objective(config: RunConfig) -> None:
     t = config.training
     try:
         variant = normalize_variant(t.grpo_variant)
-    except VariantConfigError as exc:
+    except ConfigError as exc:
         raise ConfigError(str(exc).removeprefix(f"{exc.key}: "), key=f"training.{exc.key}") from exc
     if variant in PAPER_CLIP_RANGES and not {"grpo_epsilon", "grpo_epsilon_high"} & t.model_fields_set:
         t.grpo_epsilon, t.grpo_epsilon_high = PAPER_CLIP_RANGES[variant]

@@ -12,7 +12,7 @@ API for the config builder::
     overrides = grpo_config_overrides(
         cfg.grpo_variant, grpo_delta=cfg.grpo_delta, epsilon=cfg.grpo_epsilon,
         epsilon_high=cfg.grpo_epsilon_high, params=cfg.variant_params,
-    )   # raises VariantConfigError(key=...) on a bad combination
+    )   # raises ConfigError(key=...) on a bad combination
     args = GRPOConfig(..., beta=cfg.grpo_beta, **overrides)
     trainer = make_variant_trainer(cfg.grpo_variant)(
         model=..., args=args, reward_funcs=..., train_dataset=..., rollout_func=..., peft_config=...,
@@ -51,6 +51,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from grpo_runtime.config import ConfigError
 
 
 class Aggregation(StrEnum):
@@ -166,29 +168,21 @@ VARIANT_PARAM_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
-class VariantConfigError(ValueError):
-    """A variant/parameter combination that cannot train; `key` is the config key to change."""
-
-    def __init__(self, message: str, key: str):
-        self.key = key
-        super().__init__(f"{key}: {message}")
-
-
 def normalize_variant(variant: str) -> str:
-    """Lower-cased canonical name; raises VariantConfigError(key="grpo_variant") for an unknown one."""
+    """Lower-cased canonical name; raises ConfigError(key="grpo_variant") for an unknown one."""
     if not isinstance(variant, str):
-        raise VariantConfigError(f"must be a string, got {type(variant).__name__}", key="grpo_variant")
+        raise ConfigError(f"must be a string, got {type(variant).__name__}", key="grpo_variant")
     name = variant.strip().lower()
     name = ALIASES.get(name, name)
     if name not in VARIANT_SPECS:
         choices = ", ".join(sorted([*VARIANT_SPECS, *ALIASES]))
-        raise VariantConfigError(f"unknown variant {variant!r}; choose one of: {choices}", key="grpo_variant")
+        raise ConfigError(f"unknown variant {variant!r}; choose one of: {choices}", key="grpo_variant")
     return name
 
 
 def _finite_number(value: Any, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise VariantConfigError(f"must be a finite number, got {value!r}", key=key)
+        raise ConfigError(f"must be a finite number, got {value!r}", key=key)
     return float(value)
 
 
@@ -202,7 +196,7 @@ def validate_variant_params(
 ) -> str:
     """Check the variant's parameters; return the canonical variant name.
 
-    Rules (errors are `VariantConfigError` naming the key): cispo needs epsilon_high > 1; two_sided needs
+    Rules (errors are `ConfigError` naming the key): cispo needs epsilon_high > 1; two_sided needs
     grpo_delta ∈ (0, 1]; the clipped TRL variants (grpo, dr_grpo, dapo, bnpo, luspo, gspo) accept grpo_delta
     only as INTELLECT-2's ratio cap, > 1 + epsilon_high; the others reject it. `params` may only hold the
     keys in `VARIANT_PARAM_KEYS[variant]`, each a finite number > 0 (vespo's k may be 0).
@@ -211,31 +205,31 @@ def validate_variant_params(
     spec = VARIANT_SPECS[name]
     epsilon = _finite_number(epsilon, "grpo_epsilon")
     if epsilon <= 0:
-        raise VariantConfigError(f"must be > 0, got {epsilon}", key="grpo_epsilon")
+        raise ConfigError(f"must be > 0, got {epsilon}", key="grpo_epsilon")
     eps_high = epsilon if epsilon_high is None else _finite_number(epsilon_high, "grpo_epsilon_high")
     if eps_high <= 0:
-        raise VariantConfigError(f"must be > 0, got {eps_high}", key="grpo_epsilon_high")
+        raise ConfigError(f"must be > 0, got {eps_high}", key="grpo_epsilon_high")
     if grpo_delta is not None:
         delta = _finite_number(grpo_delta, "grpo_delta")
         if spec.delta_role is None:
-            raise VariantConfigError(f"is not used by variant {name!r}; remove it", key="grpo_delta")
+            raise ConfigError(f"is not used by variant {name!r}; remove it", key="grpo_delta")
         if spec.delta_role == "half_width" and not 0.0 < delta <= 1.0:
-            raise VariantConfigError(
+            raise ConfigError(
                 f"two_sided clips the ratio to [1 − δ, 1 + δ], so δ must be in (0, 1]; got {delta}",
                 key="grpo_delta",
             )
         if spec.delta_role == "cap" and delta <= 1.0 + eps_high:
-            raise VariantConfigError(
+            raise ConfigError(
                 f"for {name!r} it is INTELLECT-2's upper cap on the ratio and must be > 1 + epsilon_high "
                 f"({1.0 + eps_high}); got {delta} (a symmetric clip is variant 'two_sided')",
                 key="grpo_delta",
             )
     elif spec.delta_role == "half_width":
-        raise VariantConfigError("two_sided needs grpo_delta in (0, 1]", key="grpo_delta")
+        raise ConfigError("two_sided needs grpo_delta in (0, 1]", key="grpo_delta")
     if name == "cispo" and eps_high <= 1.0:
         # CISPO's weight is sg(min(r, ε_max)): on-policy r = 1, so ε_max <= 1 clamps every token's weight to
         # ε_max, which only scales the whole gradient down (ScaleRL: ε_max = 5.0).
-        raise VariantConfigError(
+        raise ConfigError(
             f"is {eps_high}{' (unset: grpo_epsilon)' if epsilon_high is None else ''}, but cispo clips its "
             "importance weight at this value, and a cap <= 1 only scales the gradient down (the on-policy "
             "weight is 1); set it > 1, e.g. 5.0 as ScaleRL",
@@ -245,13 +239,11 @@ def validate_variant_params(
     for key, value in (params or {}).items():
         if key not in allowed:
             hint = f"allowed: {', '.join(allowed)}" if allowed else "this variant takes none"
-            raise VariantConfigError(
-                f"unknown parameter for variant {name!r} ({hint})", key=f"variant_params.{key}"
-            )
+            raise ConfigError(f"unknown parameter for variant {name!r} ({hint})", key=f"variant_params.{key}")
         number = _finite_number(value, f"variant_params.{key}")
         minimum_ok = number >= 0 if key.startswith("vespo_k") else number > 0
         if not minimum_ok:
-            raise VariantConfigError(f"must be > 0, got {number}", key=f"variant_params.{key}")
+            raise ConfigError(f"must be > 0, got {number}", key=f"variant_params.{key}")
     return name
 
 

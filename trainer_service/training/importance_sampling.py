@@ -47,7 +47,7 @@ from typing import Literal
 
 import torch
 
-from trainer_service.config.variants import VariantConfigError
+from grpo_runtime.config import ConfigError
 
 # A rollout counts as exactly on-policy while TRL's sampler ratio ρ stays within 1 ± this on every active
 # token (sequence-level modes: every sequence): skipping the correction changes each token's loss by < 0.1 %.
@@ -84,22 +84,20 @@ def resolve_importance_sampling(
 
     ``rollout_engine``: what the rollout service reports ("hf", "vllm"; None = could not ask).
     ``trainer_fp32``: the trainer's forward runs in fp32 (no bf16/fp16 autocast, no quantized base).
-    Raises VariantConfigError(key="training.importance_sampling") for "off" with async rollout.
+    Raises ConfigError(key="training.importance_sampling") for "off" with async rollout.
     """
     if setting == "on":
         return ImportanceSamplingPlan("on", "training.importance_sampling is 'on'")
     if setting == "off":
         if async_rollout:
-            raise VariantConfigError(
+            raise ConfigError(
                 "cannot be 'off' with async rollout: completions come from older weights, and only the "
                 "correction makes training on them unbiased",
                 key="training.importance_sampling",
             )
         return ImportanceSamplingPlan("off", "training.importance_sampling is 'off'")
     if setting != "auto":
-        raise VariantConfigError(
-            f"must be auto, on or off, got {setting!r}", key="training.importance_sampling"
-        )
+        raise ConfigError(f"must be auto, on or off, got {setting!r}", key="training.importance_sampling")
     if async_rollout:
         return ImportanceSamplingPlan("on", "async rollout trains on completions from older weights")
     if not weight_sync:

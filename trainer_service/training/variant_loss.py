@@ -21,11 +21,11 @@ import torch
 from trl import GRPOConfig
 from trl.trainer.utils import nanmax, nanmin
 
+from grpo_runtime.config import ConfigError
 from trainer_service.config.variants import (
     VARIANT_PARAM_KEYS,
     VARIANT_SPECS,
     Aggregation,
-    VariantConfigError,
     VariantSpec,
     validate_variant_params,
 )
@@ -76,14 +76,14 @@ def check_args_match_variant(variant: str, args: GRPOConfig) -> None:
     """Reject a `GRPOConfig` whose loss fields contradict `variant` (message names the GRPOConfig field)."""
     spec = VARIANT_SPECS[variant]
     if args.loss_type != spec.trl_loss_type:
-        raise VariantConfigError(
+        raise ConfigError(
             f"is {args.loss_type!r} but variant {variant!r} needs {spec.trl_loss_type!r}; build the "
             "config with grpo_config_overrides()",
             key="GRPOConfig.loss_type",
         )
     required_level = spec.importance_sampling_level
     if required_level is not None and args.importance_sampling_level != required_level:
-        raise VariantConfigError(
+        raise ConfigError(
             f"is {args.importance_sampling_level!r} but variant {variant!r} needs {required_level!r}",
             key="GRPOConfig.importance_sampling_level",
         )
@@ -100,11 +100,11 @@ def check_args_match_variant(variant: str, args: GRPOConfig) -> None:
             epsilon_high=args.epsilon_high,
             params=params,
         )
-    except VariantConfigError as error:
+    except ConfigError as error:
         field = {"grpo_delta": "delta", "grpo_epsilon": "epsilon", "grpo_epsilon_high": "epsilon_high"}.get(
             error.key, error.key
         )
-        raise VariantConfigError(str(error).split(": ", 1)[1], key=f"GRPOConfig.{field}") from error
+        raise ConfigError(str(error).split(": ", 1)[1], key=f"GRPOConfig.{field}") from error
 
 
 def loss_params_from_args(args: GRPOConfig, epsilon_low: float, epsilon_high: float) -> losses.LossParams:
@@ -145,7 +145,7 @@ class VariantLossMixin:
                 "on" if correction else "off", "GRPOConfig.vllm_importance_sampling_correction"
             )
         if (importance_sampling.mode != "off") != correction:
-            raise VariantConfigError(
+            raise ConfigError(
                 f"is {correction} but the importance-sampling plan is {importance_sampling.mode!r}; "
                 f"set it to {importance_sampling.mode != 'off'}",
                 key="GRPOConfig.vllm_importance_sampling_correction",
@@ -170,7 +170,7 @@ class VariantLossMixin:
             and self.grpo_variant == "vespo"
             and not self.vllm_importance_sampling_mode.startswith("token")
         ):
-            raise VariantConfigError(
+            raise ConfigError(
                 f"is {self.vllm_importance_sampling_mode!r} but vespo folds a per-token IS ratio into its "
                 "weight: use 'token_truncate' or 'token_mask' (grpo_config_overrides sets it)",
                 key="GRPOConfig.vllm_importance_sampling_mode",

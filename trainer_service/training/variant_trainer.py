@@ -31,7 +31,7 @@ def make_variant_trainer(variant: str, base: type = GRPOTrainer) -> type:
     """The cached `base` subclass that trains with `variant` (case-insensitive; "standard" = "dapo").
 
     Same constructor as `base`; its `args` must agree with the variant (use `grpo_config_overrides`), else
-    `VariantConfigError` naming the GRPOConfig field.
+    `ConfigError` naming the GRPOConfig field.
     """
     if not (isinstance(base, type) and issubclass(base, GRPOTrainer)):
         raise TypeError(f"base must be a trl.GRPOTrainer subclass, got {base!r}")

@@ -19,7 +19,7 @@ from trl import GRPOConfig
 
 from tests.unit.trainer.fixtures import length_reward, offset_rollout
 from trainer_service.config.run_config import ConfigError, parse_config
-from trainer_service.config.variants import VariantConfigError, grpo_config_overrides
+from trainer_service.config.variants import grpo_config_overrides
 from trainer_service.training.builders import Device, build_grpo_config
 from trainer_service.training.importance_sampling import (
     EXACT_RATIO_TOLERANCE,
@@ -63,7 +63,7 @@ def test_on_and_off_are_taken_as_given_in_sync_mode(conditions):
 
 
 def test_off_is_refused_in_async_mode():
-    with pytest.raises(VariantConfigError) as caught:
+    with pytest.raises(ConfigError) as caught:
         resolve_importance_sampling("off", **{**EXACT, "async_rollout": True})
     assert caught.value.key == "training.importance_sampling"
     assert resolve_importance_sampling("on", **{**EXACT, "async_rollout": True}).mode == "on"
@@ -192,8 +192,8 @@ def test_on_corrects_every_batch_and_off_none(make_trainer):
 
 
 def test_a_plan_that_contradicts_the_grpo_config_is_refused(make_trainer):
-    with pytest.raises(VariantConfigError) as caught:
+    with pytest.raises(ConfigError) as caught:
         make_trainer(ImportanceSamplingPlan("off", "test"), correction=True)
     assert caught.value.key == "GRPOConfig.vllm_importance_sampling_correction"
-    with pytest.raises(VariantConfigError):
+    with pytest.raises(ConfigError):
         make_trainer(VERIFY, correction=False)

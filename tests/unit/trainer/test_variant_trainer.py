@@ -17,10 +17,10 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
+from grpo_runtime.config import ConfigError
 from tests.unit.trainer.fixtures import length_reward, offset_rollout
 from trainer_service.config.variants import (
     VARIANTS,
-    VariantConfigError,
     grpo_config_overrides,
     normalize_variant,
     validate_variant_params,
@@ -358,13 +358,13 @@ def test_conditionally_required_input_raises_naming_it(build, variant, config, a
 
 
 def test_config_that_contradicts_the_variant_is_rejected_naming_the_field(build):
-    with pytest.raises(VariantConfigError, match=r"GRPOConfig\.loss_type"):
+    with pytest.raises(ConfigError, match=r"GRPOConfig\.loss_type"):
         build(make_variant_trainer("gspo"))  # default loss_type dapo
-    with pytest.raises(VariantConfigError, match=r"GRPOConfig\.importance_sampling_level"):
+    with pytest.raises(ConfigError, match=r"GRPOConfig\.importance_sampling_level"):
         build(make_variant_trainer("gspo"), loss_type="grpo")
-    with pytest.raises(VariantConfigError, match=r"GRPOConfig\.delta"):
+    with pytest.raises(ConfigError, match=r"GRPOConfig\.delta"):
         build(make_variant_trainer("two_sided"))  # no δ
-    with pytest.raises(VariantConfigError, match=r"GRPOConfig\.delta"):
+    with pytest.raises(ConfigError, match=r"GRPOConfig\.delta"):
         build(make_variant_trainer("dapo"), delta=0.5)  # a cap below 1 + ε
 
 
@@ -381,7 +381,7 @@ def test_factory_caches_one_class_per_variant_and_base():
     assert mine is not gspo and issubclass(mine, MyTrainer)
     with pytest.raises(TypeError, match="GRPOTrainer"):
         make_variant_trainer("gspo", base=dict)
-    with pytest.raises(VariantConfigError, match="grpo_variant"):
+    with pytest.raises(ConfigError, match="grpo_variant"):
         make_variant_trainer("ppo")
 
 
@@ -427,7 +427,7 @@ def test_config_overrides_per_variant():
     ],
 )
 def test_bad_variant_params_name_the_key(variant, kwargs, key):
-    with pytest.raises(VariantConfigError) as raised:
+    with pytest.raises(ConfigError) as raised:
         validate_variant_params(variant, **kwargs)
     assert raised.value.key == key
     assert str(raised.value).startswith(f"{key}: ")
@@ -534,7 +534,7 @@ def test_vespo_with_a_rollout_func_needs_a_token_level_sampler_ratio(
         num_generations=4,
         **overrides,
     )
-    with pytest.raises(VariantConfigError, match=r"GRPOConfig\.vllm_importance_sampling_mode"):
+    with pytest.raises(ConfigError, match=r"GRPOConfig\.vllm_importance_sampling_mode"):
         make_variant_trainer("vespo")(
             model=AutoModelForCausalLM.from_pretrained(policy_dir),
             args=args,
