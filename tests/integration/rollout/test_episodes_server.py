@@ -5,20 +5,16 @@ episode fields back."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 
 import pytest
 
 from grpo_runtime.call_errors import InvalidArgumentError
+from grpo_runtime.server import GrpcServer
 from rollout_service.client import RolloutClient
-from rollout_service.core.rollout import RolloutCore
 from rollout_service.core.types import EpisodeSpec, FinishReason
-from rollout_service.server import binding, environment_clients
-from rollout_service.settings import EpisodeSettings, RolloutSettings
-from rollout_service.weights import ParamCatalog
 from tests.integration.reward.fixtures import SETTINGS, reward_server_thread
-from tests.support.episodes import ScriptedEngine, tool_call
-from tests.support.server_thread import server_thread
+from tests.support.episodes import scripted_rollout_server, tool_call
 
 pytestmark = pytest.mark.slow  # the reward service (math-verify workers, sandbox probe) starts per module
 
@@ -38,25 +34,10 @@ def env_server():
         yield running
 
 
-def rollout_server(model_dir, env_address: str, **episodes) -> Iterator:
+def rollout_server(model_dir, env_address: str, **episodes) -> AbstractContextManager[GrpcServer]:
     """A rollout server whose engine follows the calculator script, dialing ``env_address`` as "default"."""
-    settings = RolloutSettings(
-        model=str(model_dir), episodes=EpisodeSettings(targets={"default": env_address}, **episodes)
-    )
-
-    async def build():
-        engine = ScriptedEngine(model_dir, calculator_script)
-        core = RolloutCore(
-            engine,
-            engine.tokenizer,
-            ParamCatalog.from_model_dir(model_dir),
-            environments=environment_clients(settings),
-            episode_settings=settings.episodes,
-        )
-        await core.start()
-        return [binding(core)], core.close
-
-    return server_thread(build)
+    _, server = scripted_rollout_server(model_dir, calculator_script, {"default": env_address}, **episodes)
+    return server
 
 
 def test_episode_through_both_services(tiny_models, env_server):
