@@ -18,6 +18,7 @@ SCRIPTS = [
     "rollout_bench.py",
     "e2e_bench.py",
     "tools_bench.py",
+    "tools_e2e_bench.py",
 ]
 
 

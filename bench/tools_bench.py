@@ -8,7 +8,7 @@ Workload: ``--episodes`` episodes batched together, each a 30-token prompt and `
 episode loop appends). The same seeds in both modes, so both sample the same tokens. ``prefill_tokens``:
 positions run through the model at the start of a turn (the decode steps are the same in both modes);
 ``wall_s``: median of alternating rounds (noisy on a shared machine; the token counts are exact).
-Not measured here: the trio against TRL's own tool-calling GRPO step.
+The trio against TRL's own tool-calling GRPO step: ``tools_e2e_bench.py``.
 """
 
 from __future__ import annotations
