@@ -59,6 +59,7 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import save as safetensors_save
 from transformers import AutoModelForCausalLM
 
+from grpo_runtime.call_errors import UnavailableError
 from grpo_runtime.config import ServerConfig
 from grpo_runtime.server import GrpcServer
 from rollout_service.client import CHUNK_BYTES, RolloutClient
@@ -150,7 +151,7 @@ def push_to_own_process(model: str, state_dict: dict[str, torch.Tensor], rounds:
             try:
                 version = client.status().policy_version
                 break
-            except grpc.RpcError:
+            except UnavailableError:  # not listening yet
                 if time.monotonic() > deadline or service.poll() is not None:
                     raise
                 time.sleep(0.5)
