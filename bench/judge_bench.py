@@ -41,13 +41,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from prm_bench import workload  # run as a script (bench/__main__.py): bench/ is on sys.path
+from prm_bench import token_stats, workload  # run as a script (bench/__main__.py): bench/ is on sys.path
 from transformers import Qwen2ForCausalLM
 
 from reward_service.core.types import Sample
-from reward_service.models.loading import load_model
-from reward_service.models.prefix import share_prefixes
-from reward_service.models.registry import ModelRegistry, build_engine
+from reward_service.models.registry import ModelRegistry
 from reward_service.models.settings import ModelSettings
 from reward_service.models.spec import ModelKind, ModelSpec
 from tiny_models.judge import judge_tokenizer
@@ -180,27 +178,6 @@ async def bench_model(label: str, path: Path, threads: int, args: argparse.Names
     }
 
 
-def token_stats(batches: list[list[Sample]], path: Path) -> dict:
-    """Sequence and shared-prefix lengths of the workload, in tokens, as the registry encodes them."""
-    settings = ModelSettings()
-    engine = build_engine(
-        load_model(ModelSpec(name="bench", path=str(path), kind=ModelKind.JUDGE), settings), settings
-    )
-    lengths, prefixes = [], []
-    for batch in batches:
-        grouped = share_prefixes(
-            [engine.encode(sample) for sample in batch], settings.min_shared_prefix_tokens
-        )
-        lengths += [item.num_tokens for item in grouped]
-        prefixes.append(grouped[0].prefix_tokens)
-    return {
-        "sequence_tokens_mean": statistics.mean(lengths),
-        "sequence_tokens_min_max": [min(lengths), max(lengths)],
-        "shared_prefix_tokens_mean": statistics.mean(prefixes),
-        "shared_prefix_tokens_min_max": [min(prefixes), max(prefixes)],
-    }
-
-
 async def main_async(args: argparse.Namespace) -> dict:
     load_before = os.getloadavg()[0]
     paths = {}
@@ -223,6 +200,7 @@ async def main_async(args: argparse.Namespace) -> dict:
             **token_stats(
                 judge_workload(args.requests, args.samples, tuple(args.question_sentences)),
                 next(iter(paths.values())),
+                ModelKind.JUDGE,
             ),
         },
         "machine": {

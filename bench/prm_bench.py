@@ -240,12 +240,10 @@ def batch_scaling(path: Path, threads: int, length: int = 128, sizes: tuple[int,
     }
 
 
-def token_stats(batches: list[list[Sample]], path: Path) -> dict:
+def token_stats(batches: list[list[Sample]], path: Path, kind: ModelKind = ModelKind.PRM) -> dict:
     """Sequence and shared-prefix lengths of the workload, in tokens, as the registry encodes them."""
     settings = ModelSettings()
-    engine = build_engine(
-        load_model(ModelSpec(name="bench", path=str(path), kind=ModelKind.PRM), settings), settings
-    )
+    engine = build_engine(load_model(ModelSpec(name="bench", path=str(path), kind=kind), settings), settings)
     lengths, prefixes = [], []
     for batch in batches:
         grouped = share_prefixes(
