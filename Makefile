@@ -76,8 +76,10 @@ test: setup
 test-fast: setup
 	$(BIN)/pytest -q -m "not slow and not containers"
 
+# `make run CONFIG=configs/tools.yaml`: the tool-calling demo (a calculator over multi-turn episodes).
+CONFIG ?= configs/demo.yaml
 run: setup
-	$(PY) -m trainer_service demo --config configs/demo.yaml
+	$(PY) -m trainer_service demo --config $(CONFIG)
 
 bench: setup
 	$(PY) -m bench
