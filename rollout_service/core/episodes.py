@@ -108,7 +108,8 @@ class EpisodeState:
 class EpisodeRunner:
     """Runs the episodes of Generate calls whose prompts ask for them.
 
-    ``environments``: target name → backend (the configured services; see ``EpisodeSettings.targets``).
+    ``environments``: target name → backend (the configured services; see ``EpisodeSettings.targets``);
+    ``served_version``: the policy version being served now (that of an episode that ended before a turn).
     """
 
     def __init__(
@@ -119,8 +120,10 @@ class EpisodeRunner:
         environments: Mapping[str, EnvironmentBackend],
         settings: EpisodeSettings,
         release_session: Callable[[str], None] = lambda session: None,
+        served_version: Callable[[], int] = lambda: 0,
     ) -> None:
         self._generate_turn = generate_turn
+        self._served_version = served_version
         self._release_session = release_session
         self._tokenizer = tokenizer
         self._validator = validator
@@ -213,6 +216,10 @@ class EpisodeRunner:
             state.env_reward = await self._reward(env, episode)
         except EnvironmentFailure as failure:
             state.finish, state.error = FinishReason.ERROR, str(failure)
+            if not state.prompt_ids:
+                # It failed before the prompt was rendered with the environment's tools: the prompt without
+                # them, so that the completion still has the prompt a trainer batches it with.
+                state.prompt_ids = await asyncio.to_thread(self._validator.tokenize, prompt, index)
         finally:
             self._release_session(state.session)
             if episode is not None:
@@ -350,7 +357,9 @@ class EpisodeRunner:
         return self._validator.tokenize(with_suffix, index, tools=episode.chat_template_tools() or None)
 
     def _result(self, prompt: PromptInput, state: EpisodeState) -> CompletionResult:
-        versions = [t.policy_version for t in state.turns]
+        # No turn (the environment failed first): no weights produced it, so it is of the version served now
+        # and a trainer checking versions keeps it as the per-completion error it is.
+        versions = [t.policy_version for t in state.turns] or [self._served_version()]
         return CompletionResult(
             prompt_id=prompt.id,
             prompt_token_ids=state.prompt_ids,
@@ -358,7 +367,7 @@ class EpisodeRunner:
             text=self._tokenizer.decode(state.tokens, skip_special_tokens=True),
             logprobs=state.logprobs,
             finish_reason=state.finish,
-            policy_version=min(versions, default=0),
+            policy_version=min(versions),
             tool_mask=state.tool_mask,
             turns=state.turns,
             tool_call_count=state.tool_calls,

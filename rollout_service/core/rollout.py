@@ -89,6 +89,7 @@ class RolloutCore:
             environments or {},
             episode_settings or EpisodeSettings(),
             release_session=engine.release_session,
+            served_version=lambda: self.versions.policy_version,
         )
 
     async def start(self) -> None:

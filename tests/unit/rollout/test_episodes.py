@@ -12,7 +12,14 @@ from grpo_runtime.env_types import ToolResult
 from grpo_runtime.errors import InvalidArgument
 from rollout_service.core.rollout import RolloutCore
 from rollout_service.core.tool_calls import ToolSuffixer
-from rollout_service.core.types import EpisodeSpec, FinishReason, GenerateRequest, PromptInput, SamplingSpec
+from rollout_service.core.types import (
+    EpisodeSpec,
+    FinishReason,
+    GenerateRequest,
+    PromptInput,
+    SamplingSpec,
+    WeightFormat,
+)
 from rollout_service.engines.hf import HFEngine
 from rollout_service.settings import EpisodeSettings
 from rollout_service.weights import ParamCatalog
@@ -169,6 +176,16 @@ async def test_a_dead_environment_is_a_per_completion_error(scripted):
     [c] = await core.generate(episode_request())
     assert c.finish_reason == FinishReason.ERROR and "went away" in c.error
     assert c.env_reward is None and c.tool_call_count == c.tool_failure_count == 1
+
+
+async def test_an_episode_that_cannot_open_has_the_version_served_now(scripted):
+    """It has no turn, so no weights wrote it: a version-checking trainer takes it as the error it is."""
+    core, _, _ = await scripted()
+    core.versions.advance(3, WeightFormat.LORA_ADAPTER)  # as three weight updates would leave it
+    [c] = await core.generate(episode_request(episode=EpisodeSpec("no-such-environment")))
+    assert c.finish_reason == FinishReason.ERROR and "OpenEpisode" in c.error
+    assert c.turns == [] and c.policy_version == 3
+    assert "What is 123 * 456?" in core.tokenizer.decode(c.prompt_token_ids)  # the prompt, without tools
 
 
 async def test_a_flooding_tool_is_cut_and_cannot_overrun_the_budget(scripted):
