@@ -48,7 +48,8 @@ class EpisodePlan:
 
     ``max_turns``: model turns per episode (TRL's ``max_tool_calling_iterations`` + 1 when only that is
     set); ``max_tool_calls``: None = the rollout service's limit; ``target``: the environment service name
-    configured on the rollout service ("" = its default).
+    configured on the rollout service ("" = its default); ``end_token_id``: the tokenizer's EOS, the one token
+    given to a completion whose episode failed before its first turn (see :func:`fill_empty_completions`).
     """
 
     def __init__(
@@ -59,9 +60,11 @@ class EpisodePlan:
         max_turns: int | None = None,
         max_tool_calls: int | None = None,
         target: str = "",
+        end_token_id: int = 0,
     ) -> None:
         if not environments:
             raise ValueError("an episode plan needs at least one environment")
+        self.end_token_id = end_token_id
         self._environments = {env.name: env for env in environments}
         self._default = environments[0].name
         self._max_turns = max_turns
@@ -108,6 +111,19 @@ def episode_fields(completions: Sequence[Any]) -> dict[str, list]:
     }
 
 
+def fill_empty_completions(out: dict[str, list], token_id: int) -> None:
+    """Give each completion without tokens (its episode failed before its first turn) one ``token_id``, with
+    logprob 0 and env_mask 0: TRL reads every completion's last id, and the token stays out of the loss.
+
+    ``out``: :meth:`ServiceRollout.to_trl`'s dict with ``completion_ids``, ``logprobs`` and ``env_mask``.
+    """
+    for ids, logprobs, mask in zip(out["completion_ids"], out["logprobs"], out["env_mask"], strict=True):
+        if not ids:
+            ids.append(token_id)
+            logprobs.append(0.0)
+            mask.append(0)
+
+
 def tool_metrics(completions: Sequence[Any]) -> dict[str, float]:
     """TRL's tool metrics over one generation batch, plus the share of episodes that failed."""
     if not completions:
@@ -136,8 +152,11 @@ class EnvironmentReward:
         return [None if v is None else float(v) for v in values]
 
 
-def episode_plan(config: RunConfig, *datasets: Iterable[Mapping[str, Any]] | None) -> EpisodePlan | None:
-    """The run's plan over its train and eval rows, or None for a single-turn run."""
+def episode_plan(
+    config: RunConfig, *datasets: Iterable[Mapping[str, Any]] | None, end_token_id: int = 0
+) -> EpisodePlan | None:
+    """The run's plan over its train and eval rows, or None for a single-turn run; ``end_token_id``: the
+    tokenizer's EOS."""
     t = config.training
     if not t.episode_environments:
         return None
@@ -148,6 +167,7 @@ def episode_plan(config: RunConfig, *datasets: Iterable[Mapping[str, Any]] | Non
         max_turns=t.episode_max_turns,
         max_tool_calls=t.max_tool_calls,
         target=config.services.environment_target,
+        end_token_id=end_token_id,
     )
 
 

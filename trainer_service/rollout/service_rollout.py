@@ -30,7 +30,12 @@ from typing import Any
 from grpo_runtime.prompt_groups import prompt_runs
 from grpo_runtime.retry import RetryPolicy, call_with_retry
 from trainer_service.config.run_config import RunConfig
-from trainer_service.rollout.episodes import EpisodePlan, episode_fields, tool_metrics
+from trainer_service.rollout.episodes import (
+    EpisodePlan,
+    episode_fields,
+    fill_empty_completions,
+    tool_metrics,
+)
 from trainer_service.rollout.replicas import (
     RolloutReplicas,
     RolloutUnavailable,
@@ -252,5 +257,6 @@ class ServiceRollout:
         if self.episodes is not None:
             # env_mask: TRL trains on completion_mask × tool_mask, so tool-result tokens leave the loss.
             out.update(episode_fields(completions))
+            fill_empty_completions(out, self.episodes.end_token_id)
             self.last_tool_metrics = tool_metrics(completions)
         return out

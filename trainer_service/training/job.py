@@ -329,7 +329,8 @@ def _train(
     observe = curriculum.observe_scored if curriculum is not None else None
     scorer = BatchScorer(reward_client, terms, config.max_completion_length, observe=observe)
     reward_funcs: list[Any] = scorer.reward_funcs()
-    episodes = episode_plan(config, train_dataset, eval_dataset)
+    end_token_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
+    episodes = episode_plan(config, train_dataset, eval_dataset, end_token_id=end_token_id or 0)
     if uses_env_reward(config):
         reward_funcs.append(EnvironmentReward())  # its weight is last in reward_weights (build_grpo_config)
 

@@ -102,6 +102,17 @@ def test_to_trl_passes_the_tool_mask_as_env_mask_and_the_env_reward():
     assert EnvironmentReward()(completions=[[], [], []], env_reward=out["env_reward"]) == [1.0, None, None]
 
 
+def test_an_episode_without_tokens_gets_one_end_token_out_of_the_loss():
+    """An episode that could not open has no token; TRL reads each completion's last id."""
+    plan = episode_plan(config(environment="calculator"), [{"prompt": PROMPT}], end_token_id=2)
+    rollout = ServiceRollout(None, WeightSync(client=None), SamplingConfig(1.0, 1.0, 8), 2, episodes=plan)
+    unopened = episode([], None, calls=0, finish=FinishReason.ERROR)
+    out = rollout.to_trl([episode([1, 0, 1], 1.0), unopened], expected_version=3)
+    assert out["completion_ids"] == [[5, 6, 7], [2]]
+    assert out["logprobs"][1] == [0.0] and out["env_mask"] == [[1, 0, 1], [0]]
+    assert unopened.token_ids == []  # the rollout's result itself is left as it came
+
+
 def test_to_trl_refuses_a_tool_mask_that_does_not_cover_the_tokens():
     plan = episode_plan(config(environment="calculator"), [{"prompt": PROMPT}])
     rollout = ServiceRollout(None, WeightSync(client=None), SamplingConfig(1.0, 1.0, 8), 2, episodes=plan)
