@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from rollout_service.client import RolloutClient
 from tests.integration.reward.fixtures import SETTINGS, reward_server_thread
 from tests.integration.trainer.fixtures import run_config
 from tests.support.episodes import scripted_rollout_server
@@ -90,3 +91,39 @@ def test_a_run_trains_against_the_node_environment(tiny_models, secrets_file, no
         assert row["tools/failure_frequency"] == 0.0 and row["tools/episode_error_frequency"] == 0.0
         assert 0.8 <= row["rewards/env_reward/mean"] <= 1.0, row
     assert engine.updates_applied >= 2  # the trainer synced its weights to the rollout service each step
+
+
+def test_episodes_with_two_replicas_and_sleep_mode(tiny_models, secrets_file, node_env, tmp_path):
+    """Each Generate call runs its episodes' whole loop on the replica it went to, so an episode's turns are
+    on one replica by construction; with vllm_sleep_mode each generation is wake → push → episodes → sleep.
+    Every secret here is 50: each episode is exactly two turns (the guess, the answer)."""
+    secrets_file.write_text(re.sub(r'"secret": \d+', '"secret": 50', secrets_file.read_text()))
+    first, first_server = scripted_rollout_server(tiny_models["policy"], bisect, {"default": node_env})
+    second, second_server = scripted_rollout_server(tiny_models["policy"], bisect, {"default": node_env})
+    with reward_server_thread(SETTINGS) as reward, first_server as a, second_server as b:
+        raw = run_config(
+            tiny_models,
+            secrets_file,
+            tmp_path / "run",
+            reward.address,
+            [a.address, b.address],
+            max_steps=2,
+            max_completion_length=160,
+            environment="guess-number",
+            max_tool_calling_iterations=4,
+            vllm_sleep_mode=True,
+            sleep_level=1,
+        )
+        result = run_job(parse_config(raw))
+        with RolloutClient(a.address) as client_a, RolloutClient(b.address) as client_b:
+            asleep = [client_a.status().sleep_level, client_b.status().sleep_level]
+    assert result.state is RunState.COMPLETED, result.message
+    rows = [row for row in read_metrics(result.output_dir / "metrics.jsonl") if "tools/call_frequency" in row]
+    assert [row["step"] for row in rows] == [1, 2]
+    for row in rows:
+        assert row["tools/call_frequency"] == 1.0 and row["rewards/env_reward/mean"] == 1.0, row
+    # 4 episodes a step, 2 turns each: both replicas served whole episodes.
+    assert first.turns_generated > 0 and second.turns_generated > 0
+    assert first.turns_generated % 2 == second.turns_generated % 2 == 0
+    assert first.turns_generated + second.turns_generated == 2 * 4 * 2
+    assert asleep == [1, 1]  # the trainer put both to sleep after the last generation
