@@ -5,17 +5,19 @@
 - ``data/tools/train.jsonl`` / ``test.jsonl``: ``What is 347 + 582?`` (a, b in 100..999, + or - with a >= b),
   rows ``{"prompt": [...], "answer": "929"}``; test questions never occur in train. A tiny model cannot do
   this arithmetic itself; the calculator can.
-- ``models/tools``: the shared tiny Qwen2 shape with the shared tokenizer plus ``<tool_call>`` /
-  ``</tool_call>`` tokens and a chat template that lists the tools it is given. Warm-started with supervised
-  next-token loss on two kinds of trajectories: with probability ``tool_share`` a Hermes tool call of the
-  question's expression, the calculator's result (not trained on: it is the environment's text), and
-  ``#### <result>``; otherwise ``#### <answer>`` written directly. So the policy calls the calculator some of
-  the time and, when it does, copies the result; GRPO with the calculator then learns to call it more.
+- ``models/tools``: the shared tiny Qwen2 shape (four 32-wide heads, RoPE theta 100) with the shared tokenizer
+  (digits are single tokens) plus ``<tool_call>`` / ``</tool_call>`` and the call's fixed JSON around the
+  expression as one token each side, and a chat template that lists the tools it is given. A call is then
+  ``<tool_call>{"name": "calculator", "arguments": {"expression": " 347 + 582"}}</tool_call>`` in 11 tokens,
+  the question's own expression tokens between fixed ones. Warm-started with supervised next-token loss on
+  two kinds of trajectories: with probability ``tool_share`` that call, the calculator's result (not trained
+  on: it is the environment's text), and ``#### <result>``; otherwise ``#### <answer>`` written directly. So
+  the policy calls the calculator some of the time and, when it does, copies the question and the result;
+  GRPO with the calculator then learns to call it more (configs/tools.yaml).
 
-Deterministic for a given seed on one CPU thread. Not yet shipped as a model or a config: after the default
-600 steps (2.5 CPU-minutes) the policy writes the call format perfectly and starts with ``<tool_call>`` with
-probability 0.37 when sampled, but copies the question's operands into the call in 0 of 100 test questions,
-so the calculator cannot help it yet; the copy needs more steps or a smaller vocabulary.
+Deterministic for a given seed on one CPU thread; the default 700 steps take about 2.5 CPU-minutes.
+``evaluate`` reports greedy episode success, the sampled probability of starting with a call, and how often a
+call forced as the first token copies the question's expression exactly (measured numbers: README).
 """
 
 from __future__ import annotations
@@ -36,7 +38,11 @@ from tiny_models.demo import _collate, write_jsonl
 from tiny_models.make import _save, qwen2_config
 from tiny_models.tokenizer import build_tokenizer
 
-TOOL_TOKENS = ["<tool_call>", "</tool_call>"]
+# The calculator call's fixed JSON around the expression is one token each side, so a call is the question's
+# expression between four fixed tokens and copying it is a short, fixed-offset copy a 2-layer model learns.
+CALL_OPEN = '{"name": "calculator", "arguments": {"expression": "'
+CALL_CLOSE = '"}}'
+TOOL_TOKENS = ["<tool_call>", "</tool_call>", CALL_OPEN, CALL_CLOSE]
 # ChatML with a one-line tool list (the full JSON schemas would be most of a tiny model's context).
 TOOLS_TEMPLATE = (
     "{% if tools %}{{ '<|im_start|>system\nTools: ' }}"
@@ -71,8 +77,15 @@ def problems(seed: int, n_train: int, n_test: int) -> tuple[list[dict], list[dic
     return rows[n_test:], rows[:n_test]
 
 
+def expression_of(row: dict) -> str:
+    """The question's expression with its leading space (`` 347 + 582``): the question's own tokens."""
+    return row["prompt"][0]["content"].removeprefix("What is").removesuffix("?")
+
+
 def tool_call_text(expression: str) -> str:
+    """The Hermes call ``<tool_call>{"name": "calculator", "arguments": {"expression": ...}}</tool_call>``."""
     body = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+    assert body == CALL_OPEN + expression + CALL_CLOSE
     return f"<tool_call>{body}</tool_call>"
 
 
@@ -92,7 +105,7 @@ def encode(tokenizer: PreTrainedTokenizerBase, row: dict, use_tool: bool) -> tup
     answer = [*_ids(tokenizer, f"#### {row['answer']}"), eos]
     if not use_tool:
         return prompt + answer, [-100] * len(prompt) + answer
-    expression = row["prompt"][0]["content"].removeprefix("What is ").removesuffix("?")
+    expression = expression_of(row)
     call = [*_ids(tokenizer, tool_call_text(expression)), eos]
     result = ToolSuffixer(tokenizer).suffix_ids([ToolResult("", "calculator", row["answer"])])
     ids = prompt + call + result + answer
@@ -153,8 +166,22 @@ def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: S
     for text, row in zip(finals, rows, strict=True):
         found = ANSWER.findall(text)
         right += bool(found) and found[-1] == row["answer"]
+    call_id = tokenizer.convert_tokens_to_ids("<tool_call>")
+    logits = model(*_left_padded(prompts, tokenizer.pad_token_id)).logits[:, -1]
+    # A call forced as the first token: does the model copy the question's expression into it?
+    forced = _turn(model, tokenizer, [[*p, call_id] for p in prompts], 16)
+    copied = 0
+    for turn, row in zip(forced, rows, strict=True):
+        calls = parse_tool_calls("<tool_call>" + tokenizer.decode(turn, skip_special_tokens=False))
+        expected = json.dumps({"expression": expression_of(row)})
+        copied += bool(calls) and calls[0].call.arguments_json == expected
     model.train()
-    return {"success": right / len(rows), "call_frequency": len(called) / len(rows)}
+    return {
+        "success": right / len(rows),
+        "call_frequency": len(called) / len(rows),
+        "sampled_call_probability": logits.softmax(-1)[:, call_id].mean().item(),
+        "forced_call_copy_accuracy": copied / len(rows),
+    }
 
 
 def build_tools_demo(
@@ -165,7 +192,7 @@ def build_tools_demo(
     n_train: int = 4000,
     n_test: int = 200,
     tool_share: float = 0.3,
-    steps: int = 600,
+    steps: int = 700,
     batch_size: int = 32,
     learning_rate: float = 3e-3,
     log=print,
@@ -178,6 +205,12 @@ def build_tools_demo(
     shared.add_tokens(TOOL_TOKENS)
     shared.chat_template = TOOLS_TEMPLATE
     config = qwen2_config(shared)
+    # Four 32-wide heads and a short RoPE wavelength make attention by relative position sharp enough that the
+    # fixed-offset copy of the expression is learned in a few hundred steps (two 64-wide heads at theta 1e4
+    # stay on the plateau for more than 600).
+    config.num_attention_heads = config.num_key_value_heads = 4
+    config.head_dim = config.hidden_size // 4
+    config.rope_theta = 100.0
     shared.save_pretrained(out)
     config.save_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)  # as every consumer loads it (digits split one by one)
@@ -192,8 +225,9 @@ def build_tools_demo(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        if step % 100 == 0:
-            log(json.dumps({"step": step, "loss": round(loss.item(), 4)}))
+        if step % 200 == 0:
+            progress = evaluate(model, tokenizer, test[:50])
+            log(json.dumps({"step": step, "loss": round(loss.item(), 4), **progress}))
     _save(model.eval(), tokenizer, out)
     summary = {"steps": steps, **evaluate(model, tokenizer, test), "parameters": model.num_parameters()}
     log(json.dumps(summary))
@@ -204,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Build the tool-use dataset and warm-start its tiny policy.")
     parser.add_argument("--out", type=Path, default=Path("models/tools"))
     parser.add_argument("--data", type=Path, default=Path("data/tools"))
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=700)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
