@@ -96,6 +96,9 @@ def demo(argv: Sequence[str]) -> int:
         startup_timeout_s=config.services.startup_timeout_s,
         # An async run on CPU splits the cores between trainer and rollout (the trainer does its half).
         rollout_threads=local_rollout_threads(config, resolve_device(config).type),
+        environment=(config.services.environment or config.services.reward or "reward")
+        if config.training.episode_environments
+        else None,
     ) as local:
         raw.setdefault("services", {})
         raw["services"]["reward"] = config.services.reward or local.reward.target
