@@ -140,7 +140,9 @@ def _turn(model, tokenizer, sequences: list[list[int]], max_new_tokens: int) -> 
 
 
 def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict]) -> dict:
-    """Greedy episodes with a local calculator: the share of rows answered right and of rows with a call."""
+    """Greedy episodes with a local calculator: the share of rows answered right (``success``) and of rows
+    with a call (``call_frequency``); the mean probability of a call as the first sampled token; and the share
+    of rows whose call, forced as the first token, holds exactly the question's expression."""
     model.eval()
     prompts = [prompt_ids(tokenizer, row) for row in rows]
     first = _turn(model, tokenizer, prompts, 48)
