@@ -382,7 +382,8 @@ def _train(
         except BaselineError as error:
             raise ConfigError(str(error), key="training.guards.eval_gate.baseline_file") from error
         recorder = CompletionRecorder(rollout)
-        guard_callback = GuardCallback(guards, output_dir, sync, recorder, evaluation, sink)
+        staleness = t.max_staleness if t.async_rollout else 0
+        guard_callback = GuardCallback(guards, output_dir, sync, recorder, evaluation, sink, staleness)
     # Async rollout records the sampler's indices to know the next batch's prompts.
     prefetching = isinstance(rollout, AsyncServiceRollout)
     # The curriculum draws the prompts; async rollout records what it drew.

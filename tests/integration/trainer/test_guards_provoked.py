@@ -4,7 +4,8 @@ The demo policy answers its arithmetic in 3 tokens at temperature 1. Sampled at 
 spread, and a reward that pays for length (``cosine`` with the longest completion scoring highest, right or
 wrong) grows them from ~5 to ~7 of the 8 allowed tokens within one step at lr 3e-2. That provokes:
 
-- the length trend of ``reward_hacking``, whose rollback restores checkpoint-1 and halves the lr;
+- the length trend of ``reward_hacking``, whose rollback restores the newest checkpoint older than the
+  weights that sampled the long batch, and halves the lr;
 - the divergence between reward terms: ``cosine`` rises while ``soft_overlong`` (the DAPO penalty on the
   same lengths) falls;
 - the loss watchdog: with ``grpo_beta > 0`` and lr 1.0 the policy leaves the reference model and the KL term
@@ -84,35 +85,43 @@ def lengthening(**training) -> dict:
 
 
 def test_length_paying_reward_trips_the_length_trend_and_rollback_restores(demo_services, tmp_path):
+    # Warm-up makes step 1's lr 0: checkpoint-1 holds the base weights, which sampled steps 1 and 2. Step 2's
+    # update (lr 3e-2) lengthens step 3's batch; the guard fires there, rules out the weights that sampled it
+    # (checkpoint-2's) and restores checkpoint-1.
     config = demo_config(
         demo_services,
         tmp_path / "length",
         save_steps=1,
         **lengthening(
+            max_steps=3,
+            lr=6e-2,
+            lr_scheduler_type="constant_with_warmup",
+            warmup_ratio=0.5,
             guards={
                 "reward_hacking": {"action": "rollback", **LENGTH_TREND},
                 "rollback": {"max_attempts": 1, "lr_factor": 0.5},
-            }
+            },
         ),
     )
     result = run_job(parse_config(config))
     assert result.state is RunState.COMPLETED
     steps = read_metrics(result.output_dir / "metrics.jsonl")
     lengths = [row["completions/mean_length"] for row in steps]
-    assert lengths[1] > 1.25 * lengths[0], lengths
+    assert lengths[2] > 1.25 * lengths[1], lengths
     rows = read_metrics(result.output_dir / "guards.jsonl")
-    assert [(row["step"], row["action"]) for row in rows] == [(1, "none"), (2, "rollback")]
-    [finding] = rows[1]["findings"]
+    assert [(row["step"], row["action"]) for row in rows] == [(1, "none"), (2, "none"), (3, "rollback")]
+    [finding] = rows[2]["findings"]
     assert finding["signal"] == "length_growth"
-    assert finding["value"] == pytest.approx(lengths[1] / lengths[0] - 1)
-    assert rows[1]["restored"] == "checkpoint-1" and rows[1]["rollbacks"] == 1
-    assert rows[0]["lr"] == pytest.approx(3e-2) and rows[1]["lr"] == pytest.approx(1.5e-2)
-    # The rejected step's update is undone: the run ends with checkpoint-1's adapter; no checkpoint-2.
+    assert finding["value"] == pytest.approx(lengths[2] / lengths[1] - 1)
+    assert rows[2]["restored"] == "checkpoint-1" and rows[2]["rollbacks"] == 1
+    # checkpoint-1's schedule resumes at half the peak (warm-up step 2 of 2), and the rollback halves that.
+    assert rows[2]["lr"] == pytest.approx(0.5 * 0.5 * 6e-2)
+    # The rejected steps' updates are undone: the run ends with checkpoint-1's adapter; no checkpoint-3.
     final, good = (
         load_file(Path(d) / ADAPTER) for d in (result.output_dir, result.output_dir / "checkpoint-1")
     )
     assert final.keys() == good.keys() and all(torch.equal(final[k], good[k]) for k in final)
-    assert not (result.output_dir / "checkpoint-2").exists()
+    assert not (result.output_dir / "checkpoint-3").exists()
 
 
 def test_one_reward_term_bought_with_another_trips_the_divergence(demo_services, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,10 +17,12 @@ from trainer_service.config.guards import (
     RewardHackingConfig,
 )
 from trainer_service.config.run_config import ConfigError, parse_config
+from trainer_service.training.guard_callback import GuardCallback
 from trainer_service.training.guards import (
     BaselineError,
     EchoTrap,
     EvalGate,
+    Finding,
     Guards,
     LossWatchdog,
     RewardHacking,
@@ -173,3 +176,34 @@ def test_guard_config_accepted():
         }
     )
     assert config.training.guards.actions() == {"eval_gate": "rollback"}
+
+
+def test_rollback_skips_the_weights_that_sampled_the_bad_batch(tmp_path):
+    """A batch finding at step k is about the weights after step k - 1 - staleness; an eval finding about
+    those after step k; after a rollback to checkpoint j, the weights serving are j's."""
+
+    def callback(staleness: int) -> GuardCallback:
+        guards = GuardCallback(Guards(GuardsConfig()), tmp_path, None, None, staleness=staleness)
+        for step in (1, 2, 3, 4):
+            (tmp_path / f"checkpoint-{step}").mkdir(exist_ok=True)
+            guards.on_save(SimpleNamespace(output_dir=str(tmp_path)), SimpleNamespace(global_step=step), None)
+        return guards
+
+    def finding(guard: str) -> list[Finding]:
+        return [Finding(guard, "signal", 1.0, 0.5, "rollback")]
+
+    sync = callback(staleness=0)
+    sync.rule_out(5, finding("echo_trap"))  # step 5's batch came from checkpoint-4's weights
+    assert sync.last_good_checkpoint() == (3, tmp_path / "checkpoint-3")
+    sync.rule_out(4, finding("eval_gate"))  # evaluated on checkpoint-4's own weights: nothing new
+    assert sync.last_good_checkpoint()[0] == 3
+    late = callback(staleness=1)
+    late.rule_out(5, finding("loss_watchdog"))  # as old as checkpoint-3's weights in async mode
+    assert late.last_good_checkpoint()[0] == 2
+    # Rolled back at step 6 to checkpoint-2: a bad batch at step 7 was sampled by checkpoint-2's weights.
+    rolled = callback(staleness=0)
+    rolled._restored_at[6] = 2
+    rolled.rule_out(7, finding("reward_hacking"))
+    assert rolled.last_good_checkpoint()[0] == 1
+    rolled.rule_out(2, finding("echo_trap"))
+    assert rolled.last_good_checkpoint() is None
