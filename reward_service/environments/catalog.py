@@ -17,9 +17,10 @@ def build_environments(
     sandbox_status: str,
     threads: ThreadPoolExecutor,
 ) -> list[Environment]:
-    """calculator and python (when enabled), then each configured TRL class and MCP server.
+    """calculator and python (when enabled), then each configured TRL class, function list and MCP server.
 
-    Raises ConfigError when a TRL class cannot be loaded (a typo in a config file should stop the start)."""
+    Raises ConfigError when a TRL class or function cannot be loaded (a typo in a config file should stop
+    the start)."""
     environments: list[Environment] = []
     if settings.calculator.enabled:
         environments.append(CalculatorEnvironment(settings.calculator))
@@ -31,6 +32,13 @@ def build_environments(
         from reward_service.environments.trl_class import TrlEnvironment
 
         environments += [TrlEnvironment(name, path, threads) for name, path in settings.trl.items()]
+    if settings.functions:
+        # Same schema machinery (transformers) as the TRL classes.
+        from reward_service.environments.functions import FunctionsEnvironment
+
+        environments += [
+            FunctionsEnvironment(name, paths, threads) for name, paths in settings.functions.items()
+        ]
     if settings.mcp:
         # The mcp SDK is in the `reward` extra, which the slim image leaves out.
         from reward_service.environments.mcp_server import McpEnvironment

@@ -107,6 +107,11 @@ class EnvironmentSettings(BaseModel):
         description="TRL environment classes offered, name -> 'module:Class'. Only from this file: "
         "importing a class runs its module's code with the service's rights.",
     )
+    functions: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Environments whose tools are plain functions (TRL's `tools=`), name -> "
+        "['module:function', ...]. Only from this file, like `trl`.",
+    )
     mcp: dict[str, McpServerSettings] = Field(
         default_factory=dict, description="MCP servers offered as environments, name -> how to start it."
     )
@@ -119,10 +124,21 @@ class EnvironmentSettings(BaseModel):
                 raise ValueError(f"{name}: {path!r} is not 'module:Class'")
         return value
 
+    @field_validator("functions")
+    @classmethod
+    def _function_paths(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        for name, paths in value.items():
+            if not paths:
+                raise ValueError(f"{name}: lists no function")
+            for path in paths:
+                if not IMPORT_PATH.match(path):
+                    raise ValueError(f"{name}: {path!r} is not 'module:function'")
+        return value
+
     @model_validator(mode="after")
     def _unique_names(self) -> EnvironmentSettings:
         seen = {"calculator", "python"}
-        for name in [*self.trl, *self.mcp]:
+        for name in [*self.trl, *self.functions, *self.mcp]:
             if not NAME.match(name):
                 raise ValueError(f"environment name {name!r}: letters, digits, '_', '.', '-' (at most 64)")
             if name in seen:

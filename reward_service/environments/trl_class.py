@@ -33,13 +33,18 @@ from reward_service.environments.base import OpenFailed
 NOT_TOOLS = ("reset", "get_reward")
 
 
-def load_class(import_path: str, field: str) -> type:
-    """The class named by ``module:Class``; ConfigError naming ``field`` when it cannot be imported."""
-    module_name, _, class_name = import_path.partition(":")
+def load_object(import_path: str, field: str) -> Any:
+    """The object named by ``module:name``; ConfigError naming ``field`` when it cannot be imported."""
+    module_name, _, attribute = import_path.partition(":")
     try:
-        cls = getattr(importlib.import_module(module_name), class_name)
+        return getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"{field}: cannot load {import_path!r}: {exc}") from exc
+
+
+def load_class(import_path: str, field: str) -> type:
+    """The class named by ``module:Class``; ConfigError naming ``field`` when it cannot be imported."""
+    cls = load_object(import_path, field)
     if not inspect.isclass(cls):
         raise ConfigError(f"{field}: {import_path!r} is not a class")
     if not callable(getattr(cls, "reset", None)):
@@ -59,7 +64,13 @@ def tool_names(cls: type) -> list[str]:
 def tool_definition(cls: type, name: str) -> ToolDefinition:
     """The JSON schema of method ``name`` as the model sees it: bound (to the class itself, only to drop
     ``self`` from the signature, as on an instance), so no instance is needed."""
-    function = get_json_schema(types.MethodType(getattr(cls, name), cls))["function"]
+    return function_tool_definition(types.MethodType(getattr(cls, name), cls))
+
+
+def function_tool_definition(func: Callable[..., Any]) -> ToolDefinition:
+    """The JSON schema of ``func`` (transformers' ``get_json_schema``: type hints plus Google-style
+    docstring), as TRL's ``GRPOTrainer(tools=[func])`` describes it to the model."""
+    function = get_json_schema(func)["function"]
     return ToolDefinition(
         name=function["name"],
         description=function.get("description", ""),
