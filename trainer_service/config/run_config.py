@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -166,6 +167,18 @@ def _environment_spec(value: Any) -> Any:
 
 EnvironmentEntry = Annotated[EnvironmentSpec, BeforeValidator(_environment_spec)]
 
+# The environment of training.tools in a locally spawned reward service's `environments.functions`.
+TOOLS_ENVIRONMENT = "tools"
+
+
+def _function_path(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", value):
+        raise ValueError(f"{value!r} is not 'module:function'")
+    return value
+
+
+FunctionPath = Annotated[str, AfterValidator(_function_path)]
+
 
 class DynamicSamplingConfig(_Strict):
     """DAPO's dynamic sampling (trainer_service.training.dynamic_sampling): groups whose rewards have no
@@ -276,6 +289,9 @@ class TrainingConfig(_Strict):
     # `environment` column, default the first), served by services.environment or else services.reward.
     environment: EnvironmentEntry | None = None
     environments: list[EnvironmentEntry] | None = Field(default=None, min_length=1)
+    # TRL's tools=: plain functions ('module:function') as the episodes' tools, served by the locally
+    # spawned reward service (written into its settings: it imports code only from its own settings).
+    tools: list[FunctionPath] | None = Field(default=None, min_length=1)
     # Tool-calling rounds per episode (TRL max_tool_calling_iterations); max_turns counts model turns
     # (iterations + 1). None = the rollout service's limits.
     max_tool_calling_iterations: int | None = Field(default=None, ge=0)
@@ -323,6 +339,11 @@ class TrainingConfig(_Strict):
     def _one_environment_form(self) -> TrainingConfig:
         if self.environment is not None and self.environments is not None:
             raise ValueError("set environment or environments, not both")
+        if self.tools is not None and (self.environment is not None or self.environments is not None):
+            raise ValueError(
+                "set tools or environment(s), not both: to combine them, list the functions in the reward "
+                "service's environments.functions settings and name that environment in environments"
+            )
         if self.max_tool_calling_iterations is not None and self.max_turns is not None:
             raise ValueError("set max_tool_calling_iterations or max_turns, not both")
         return self
@@ -330,6 +351,8 @@ class TrainingConfig(_Strict):
     @property
     def episode_environments(self) -> list[EnvironmentSpec]:
         """The environments of a tool-using run ([] = single-turn generation)."""
+        if self.tools is not None:
+            return [EnvironmentSpec(name=TOOLS_ENVIRONMENT)]
         if self.environment is not None:
             return [self.environment]
         return list(self.environments or [])
@@ -507,12 +530,42 @@ def _check_cross_fields(config: RunConfig) -> None:
         raise ConfigError(
             "is set but training.eval_steps is 0 (no evaluation runs)", key="training.num_generations_eval"
         )
+    _check_tools(config)
     if t.vllm_sleep_mode and t.async_rollout:
         raise ConfigError(
             "cannot be combined with training.async_rollout: a sleeping engine cannot generate during the "
             "optimizer step",
             key="training.vllm_sleep_mode",
         )
+
+
+def _check_tools(config: RunConfig) -> None:
+    """training.tools needs the reward service spawned here: a remote one loads only its own allow-list."""
+    s = config.services
+    remote = [
+        key
+        for key, value in (
+            ("services.reward", s.reward),
+            ("services.environment", s.environment),
+            ("services.rollout", s.rollout),
+        )
+        if value is not None
+    ]
+    if config.training.tools and remote:
+        raise ConfigError(
+            f"needs locally spawned services, but {', '.join(remote)} is set: a remote reward service "
+            "imports code only from its own settings. List the functions in its environments.functions "
+            "settings (name: ['module:function', ...]) and name that environment in training.environment "
+            "instead",
+            key="training.tools",
+        )
+
+
+def local_reward_settings(config: RunConfig) -> dict[str, Any] | None:
+    """Settings of the reward service spawned for ``config``: the allow-list of training.tools, if any."""
+    if not config.training.tools:
+        return None
+    return {"environments": {"functions": {TOOLS_ENVIRONMENT: list(config.training.tools)}}}
 
 
 def _check_objective(config: RunConfig) -> None:

@@ -138,12 +138,12 @@ class LocalServices:
                 service.stop()
 
 
-def _episode_config(environment: str, log_dir: Path | None) -> Path:
-    """A rollout service config whose episodes dial ``environment`` by default."""
-    directory = log_dir or Path(tempfile.mkdtemp(prefix="rollout-config-"))
+def _settings_file(module: str, settings: dict, log_dir: Path | None) -> Path:
+    """``settings`` written as ``MODULE.yaml``, the ``--config`` of a spawned service."""
+    directory = log_dir or Path(tempfile.mkdtemp(prefix=f"{module}-config-"))
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "rollout_service.yaml"
-    path.write_text(json.dumps({"episodes": {"targets": {"default": environment}}}))  # JSON is YAML
+    path = directory / f"{module}.yaml"
+    path.write_text(json.dumps(settings))  # JSON is YAML
     return path
 
 
@@ -158,17 +158,24 @@ def start_local_services(
     startup_timeout_s: float = 180.0,
     rollout_threads: int | None = None,
     environment: str | None = None,
+    reward_settings: dict | None = None,
 ) -> LocalServices:
     """Start the services a run lacks, side by side, and wait until each is SERVING.
 
     ``rollout_threads``: torch threads of the rollout service (None = torch's default, one per core); an
     async run on CPU passes ``overlap_threads()[1]``. ``environment``: the environment service the rollout
     service's episodes use as their default target; "reward" = the reward service started here.
+    ``reward_settings``: the started reward service's settings (its ``--config``; None = its defaults).
     """
     services = LocalServices()
     try:
         if need_reward:
-            services.reward = spawn_service("reward_service", log_dir=log_dir, env=env)
+            reward_args = (
+                []
+                if reward_settings is None
+                else ["--config", str(_settings_file("reward_service", reward_settings, log_dir))]
+            )
+            services.reward = spawn_service("reward_service", reward_args, log_dir=log_dir, env=env)
         if need_rollout:
             rollout_args = ["--model", str(model), "--engine", engine]
             if environment is not None:
@@ -176,7 +183,9 @@ def start_local_services(
                     if services.reward is None:
                         raise ValueError("environment='reward' needs the reward service started here")
                     environment = services.reward.target
-                rollout_args += ["--config", str(_episode_config(environment, log_dir))]
+                # Its episodes dial the environment service by default.
+                episodes = {"episodes": {"targets": {"default": environment}}}
+                rollout_args += ["--config", str(_settings_file("rollout_service", episodes, log_dir))]
             rollout_env = {**(env or {}), **thread_env(rollout_threads)}
             services.rollout = spawn_service(
                 "rollout_service", rollout_args, log_dir=log_dir, env=rollout_env

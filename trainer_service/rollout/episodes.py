@@ -173,4 +173,6 @@ def episode_plan(
 
 def uses_env_reward(config: RunConfig) -> bool:
     """Whether the environment's reward is a reward term of the run (after reward_fn's terms)."""
-    return bool(config.training.episode_environments) and config.training.env_reward_weight > 0
+    t = config.training
+    # Function tools (training.tools, TRL's tools=) have no environment reward, as in TRL.
+    return bool(t.episode_environments) and not t.tools and t.env_reward_weight > 0

@@ -41,7 +41,7 @@ from grpo_runtime.call_errors import ServiceCallError
 from grpo_runtime.client import ChannelConfig
 from reward_service.client import RewardClient
 from rollout_service.client import RolloutClient
-from trainer_service.config.run_config import ConfigError, RewardTerm, RunConfig
+from trainer_service.config.run_config import ConfigError, RewardTerm, RunConfig, local_reward_settings
 from trainer_service.core.types import EventSink, JobEvent, RunState, discard
 from trainer_service.local.launcher import LocalServices, start_local_services
 from trainer_service.rollout.async_rollout import AsyncServiceRollout
@@ -199,6 +199,7 @@ def resolve_services(
         startup_timeout_s=s.startup_timeout_s,
         rollout_threads=local_rollout_threads(config, settings.device.type),
         environment=(s.environment or s.reward or "reward") if config.training.episode_environments else None,
+        reward_settings=local_reward_settings(config),
     )
     stack.callback(local.close)
     reward = s.reward if s.reward is not None else local.reward.target
