@@ -23,13 +23,7 @@ import yaml
 
 from grpo_runtime.call_errors import ServiceCallError
 from trainer_service.client import TrainerClient
-from trainer_service.config.run_config import (
-    TOOLS_ENVIRONMENT,
-    ConfigError,
-    RunConfig,
-    load_config,
-    local_reward_settings,
-)
+from trainer_service.config.run_config import ConfigError, RunConfig, load_config, local_reward_settings
 from trainer_service.core.output_dir import completed_resume, record_completion
 from trainer_service.core.types import JobEvent, RunState, discard
 from trainer_service.local.launcher import spawn_service, start_local_services, wait_serving
@@ -110,11 +104,6 @@ def demo(argv: Sequence[str]) -> int:
         raw.setdefault("services", {})
         raw["services"]["reward"] = config.services.reward or local.reward.target
         raw["services"]["rollout"] = config.services.rollout or local.rollout.target
-        if config.training.tools:
-            # The trainer now sees remote services, so the functions become the environment of that name
-            # in the reward service just started (function tools have no environment reward).
-            raw["training"].pop("tools")
-            raw["training"].update(environment=TOOLS_ENVIRONMENT, env_reward_weight=0.0)
         settings_file = log_dir / "trainer.yaml"
         settings_file.write_text(yaml.safe_dump(_demo_trainer_settings(config)))
         trainer = spawn_service("trainer_service", ["--config", str(settings_file)], log_dir=log_dir)

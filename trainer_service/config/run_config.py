@@ -530,34 +530,11 @@ def _check_cross_fields(config: RunConfig) -> None:
         raise ConfigError(
             "is set but training.eval_steps is 0 (no evaluation runs)", key="training.num_generations_eval"
         )
-    _check_tools(config)
     if t.vllm_sleep_mode and t.async_rollout:
         raise ConfigError(
             "cannot be combined with training.async_rollout: a sleeping engine cannot generate during the "
             "optimizer step",
             key="training.vllm_sleep_mode",
-        )
-
-
-def _check_tools(config: RunConfig) -> None:
-    """training.tools needs the reward service spawned here: a remote one loads only its own allow-list."""
-    s = config.services
-    remote = [
-        key
-        for key, value in (
-            ("services.reward", s.reward),
-            ("services.environment", s.environment),
-            ("services.rollout", s.rollout),
-        )
-        if value is not None
-    ]
-    if config.training.tools and remote:
-        raise ConfigError(
-            f"needs locally spawned services, but {', '.join(remote)} is set: a remote reward service "
-            "imports code only from its own settings. List the functions in its environments.functions "
-            "settings (name: ['module:function', ...]) and name that environment in training.environment "
-            "instead",
-            key="training.tools",
         )
 
 

@@ -54,6 +54,7 @@ from trainer_service.rollout.cpu_placement import (
     trainer_cpu_threads,
 )
 from trainer_service.rollout.episodes import EnvironmentReward, episode_plan, uses_env_reward
+from trainer_service.rollout.function_tools import check_served_tools
 from trainer_service.rollout.replicas import RolloutReplicas
 from trainer_service.rollout.service_rollout import SamplingConfig, ServiceRollout
 from trainer_service.rollout.weight_sync import WeightSync, WeightSyncCallback
@@ -180,6 +181,12 @@ def resolve_services(
     closes).
     """
     s = config.services
+    if config.training.tools and (s.environment or s.reward) is not None:
+        # A service this run did not start must already offer the functions (it loads no caller's code).
+        target = ChannelConfig(
+            target=s.environment or s.reward, admin_token=settings.admin_token, tls_ca_file=s.tls_ca_file
+        )
+        check_served_tools(config.training.tools, target, s.request_timeout_s)
     if s.reward is not None and s.rollout is not None:
         return channel_configs(config, settings, s.reward, s.rollout)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:

@@ -1,21 +1,22 @@
 """training.tools (TRL's tools=): the functions become the episodes' environment in a locally spawned reward
-service's settings, and a run whose reward service is remote is refused with the key named."""
+service's settings; a service the run did not start must already list exactly those functions."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from grpo_runtime.env_types import EnvironmentInfo
 from trainer_service.config.run_config import ConfigError, local_reward_settings, parse_config
 from trainer_service.rollout.episodes import uses_env_reward
+from trainer_service.rollout.function_tools import functions_status, serves_tools
 
 MULTIPLY = "tests.support.tool_functions:multiply"
 
 
-def config(services=None, **training):
-    raw = {"base": "m", "data": {"train": "t.jsonl"}, "training": training}
-    if services is not None:
-        raw["services"] = services
-    return parse_config(raw)
+def config(**training):
+    return parse_config({"base": "m", "data": {"train": "t.jsonl"}, "training": training})
 
 
 def test_tools_become_the_environment_of_the_spawned_reward_service():
@@ -37,17 +38,15 @@ def test_tools_and_environments_together_are_refused():
         config(tools=[MULTIPLY], environment="calculator")
 
 
-@pytest.mark.parametrize(
-    ("services", "named"),
-    [
-        ({"reward": "10.0.0.1:50051"}, "services.reward"),
-        ({"environment": "10.0.0.1:50061"}, "services.environment"),
-        ({"rollout": "10.0.0.1:50052"}, "services.rollout"),
-    ],
-)
-def test_remote_services_refuse_tools_and_point_at_the_reward_settings(services, named):
-    with pytest.raises(ConfigError) as info:
-        config(services=services, tools=[MULTIPLY])
-    message = str(info.value)
-    assert message.startswith("training.tools: ") and named in message
-    assert "environments.functions" in message
+def test_a_remote_service_must_list_exactly_these_functions_as_the_tools_environment():
+    paths = [MULTIPLY, "tests.support.tool_functions:shout"]
+    served = EnvironmentInfo("tools", "Tools: multiply, shout", "functions", True, functions_status(paths))
+    assert (
+        served.status == "functions tests.support.tool_functions:multiply, tests.support.tool_functions:shout"
+    )
+    assert serves_tools([EnvironmentInfo("calculator", "", "calculator"), served], paths)
+    assert not serves_tools([served], paths[:1])  # a different list
+    assert not serves_tools([served], paths[::-1])  # order is the tools' order
+    assert not serves_tools([replace(served, name="other")], paths)
+    assert not serves_tools([replace(served, kind="trl")], paths)
+    assert not serves_tools([replace(served, available=False)], paths)
