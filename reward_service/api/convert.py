@@ -10,6 +10,7 @@ from google.protobuf import json_format, struct_pb2
 from grpo.reward.v1 import reward_pb2
 
 from grpo_runtime.errors import InvalidArgument
+from reward_service.core.stress import StressReport
 from reward_service.core.types import (
     Message,
     RewardDescription,
@@ -126,4 +127,37 @@ def list_rewards_response(descriptions: Sequence[RewardDescription]) -> reward_p
             info.params.add(
                 name=p.name, type=p.type, default_value=_json_value(p.default), description=p.description
             )
+    return response
+
+
+def stress_request(
+    message: reward_pb2.StressRewardRequest,
+) -> tuple[list[Sample], list[RewardRequest], float | None, list[str]]:
+    """(reference samples, rewards, threshold or None, attack names)."""
+    return (
+        [sample(s, i) for i, s in enumerate(message.samples)],
+        [reward_spec(r, i) for i, r in enumerate(message.rewards)],
+        message.threshold if message.HasField("threshold") else None,
+        list(message.attacks),
+    )
+
+
+def _scores(results: list[SampleResult | None]) -> list[reward_pb2.SampleScore]:
+    """One SampleScore per entry; an empty one (no id) for None."""
+    scored = iter(score_response([r for r in results if r is not None]).scores)
+    return [next(scored) if r is not None else reward_pb2.SampleScore() for r in results]
+
+
+def stress_response(report: StressReport) -> reward_pb2.StressRewardResponse:
+    response = reward_pb2.StressRewardResponse(threshold=report.threshold, baseline=_scores(report.baseline))
+    for outcome in report.attacks:
+        attack = response.attacks.add(
+            name=outcome.name,
+            description=outcome.description,
+            example=outcome.example,
+            scores=_scores(outcome.results),
+            flagged=outcome.flagged,
+        )
+        if outcome.max_reward is not None:
+            attack.max_reward = outcome.max_reward
     return response

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import grpc
 from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 
-from reward_service.api import convert, stress_convert
+from reward_service.api import convert
 from reward_service.core.scorer import Scorer
 from reward_service.core.stress import StressLimits, stress
 from reward_service.core.types import RewardRequest, Sample
@@ -39,8 +39,8 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
     async def StressReward(
         self, request: reward_pb2.StressRewardRequest, context: grpc.aio.ServicerContext
     ) -> reward_pb2.StressRewardResponse:
-        samples, rewards, threshold, attacks = stress_convert.stress_request(request)
+        samples, rewards, threshold, attacks = convert.stress_request(request)
         report = await stress(
             self._scorer, samples, rewards, threshold=threshold, attacks=attacks, limits=self._stress_limits
         )
-        return stress_convert.stress_response(report)
+        return convert.stress_response(report)
