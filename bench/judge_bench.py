@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--max-batch-tokens", type=int, default=ModelSettings().max_batch_tokens)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
-    parser.add_argument("--models", nargs="+", choices=("tiny", "large"), default=["tiny"])
+    parser.add_argument("--models", nargs="+", choices=("tiny", "large"), default=["tiny", "large"])
     parser.add_argument(
         "--threads", type=int, nargs="+", default=[torch.get_num_threads()], help="torch threads"
     )
