@@ -23,6 +23,13 @@ class WeightFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WEIGHT_FORMAT_UNSPECIFIED: _ClassVar[WeightFormat]
     WEIGHT_FORMAT_LORA_ADAPTER: _ClassVar[WeightFormat]
     WEIGHT_FORMAT_STATE_DICT: _ClassVar[WeightFormat]
+
+class WeightTransport(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WEIGHT_TRANSPORT_UNSPECIFIED: _ClassVar[WeightTransport]
+    WEIGHT_TRANSPORT_GRPC_STREAM: _ClassVar[WeightTransport]
+    WEIGHT_TRANSPORT_SHARED_MEMORY: _ClassVar[WeightTransport]
+    WEIGHT_TRANSPORT_TORCH_DISTRIBUTED: _ClassVar[WeightTransport]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -32,6 +39,10 @@ FINISH_REASON_ERROR: FinishReason
 WEIGHT_FORMAT_UNSPECIFIED: WeightFormat
 WEIGHT_FORMAT_LORA_ADAPTER: WeightFormat
 WEIGHT_FORMAT_STATE_DICT: WeightFormat
+WEIGHT_TRANSPORT_UNSPECIFIED: WeightTransport
+WEIGHT_TRANSPORT_GRPC_STREAM: WeightTransport
+WEIGHT_TRANSPORT_SHARED_MEMORY: WeightTransport
+WEIGHT_TRANSPORT_TORCH_DISTRIBUTED: WeightTransport
 
 class Prompt(_message.Message):
     __slots__ = ("id", "messages", "text", "token_ids", "episode")
@@ -86,14 +97,16 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., min_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompts", "n", "sampling")
+    __slots__ = ("prompts", "n", "sampling", "continue_across_updates")
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    CONTINUE_ACROSS_UPDATES_FIELD_NUMBER: _ClassVar[int]
     prompts: _containers.RepeatedCompositeFieldContainer[Prompt]
     n: int
     sampling: SamplingParams
-    def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., n: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+    continue_across_updates: bool
+    def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., n: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., continue_across_updates: _Optional[bool] = ...) -> None: ...
 
 class Turn(_message.Message):
     __slots__ = ("start", "end", "policy_version", "tool_calls")
@@ -108,7 +121,7 @@ class Turn(_message.Message):
     def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., policy_version: _Optional[int] = ..., tool_calls: _Optional[int] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("prompt_id", "prompt_token_ids", "token_ids", "text", "logprobs", "finish_reason", "policy_version", "tool_mask", "turns", "tool_call_count", "tool_failure_count", "env_reward", "error")
+    __slots__ = ("prompt_id", "prompt_token_ids", "token_ids", "text", "logprobs", "finish_reason", "policy_version", "tool_mask", "turns", "tool_call_count", "tool_failure_count", "env_reward", "error", "token_versions")
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +135,7 @@ class Completion(_message.Message):
     TOOL_FAILURE_COUNT_FIELD_NUMBER: _ClassVar[int]
     ENV_REWARD_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     prompt_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -135,7 +149,8 @@ class Completion(_message.Message):
     tool_failure_count: int
     env_reward: float
     error: str
-    def __init__(self, prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., policy_version: _Optional[int] = ..., tool_mask: _Optional[_Iterable[int]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., tool_call_count: _Optional[int] = ..., tool_failure_count: _Optional[int] = ..., env_reward: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
+    token_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., policy_version: _Optional[int] = ..., tool_mask: _Optional[_Iterable[int]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., tool_call_count: _Optional[int] = ..., tool_failure_count: _Optional[int] = ..., env_reward: _Optional[float] = ..., error: _Optional[str] = ..., token_versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("completions",)
@@ -238,7 +253,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("engine", "device", "model", "policy_version", "sleep_level", "sleeping_tags", "weights_valid", "memory", "max_model_len", "weight_format")
+    __slots__ = ("engine", "device", "model", "policy_version", "sleep_level", "sleeping_tags", "weights_valid", "memory", "max_model_len", "weight_format", "weight_transport", "weight_transports", "weight_shm_dir", "weight_shm_token")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -249,6 +264,10 @@ class GetStatusResponse(_message.Message):
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_SHM_DIR_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_SHM_TOKEN_FIELD_NUMBER: _ClassVar[int]
     engine: str
     device: str
     model: str
@@ -259,4 +278,86 @@ class GetStatusResponse(_message.Message):
     memory: MemoryUsage
     max_model_len: int
     weight_format: WeightFormat
-    def __init__(self, engine: _Optional[str] = ..., device: _Optional[str] = ..., model: _Optional[str] = ..., policy_version: _Optional[int] = ..., sleep_level: _Optional[int] = ..., sleeping_tags: _Optional[_Iterable[str]] = ..., weights_valid: _Optional[bool] = ..., memory: _Optional[_Union[MemoryUsage, _Mapping]] = ..., max_model_len: _Optional[int] = ..., weight_format: _Optional[_Union[WeightFormat, str]] = ...) -> None: ...
+    weight_transport: WeightTransport
+    weight_transports: _containers.RepeatedScalarFieldContainer[WeightTransport]
+    weight_shm_dir: str
+    weight_shm_token: str
+    def __init__(self, engine: _Optional[str] = ..., device: _Optional[str] = ..., model: _Optional[str] = ..., policy_version: _Optional[int] = ..., sleep_level: _Optional[int] = ..., sleeping_tags: _Optional[_Iterable[str]] = ..., weights_valid: _Optional[bool] = ..., memory: _Optional[_Union[MemoryUsage, _Mapping]] = ..., max_model_len: _Optional[int] = ..., weight_format: _Optional[_Union[WeightFormat, str]] = ..., weight_transport: _Optional[_Union[WeightTransport, str]] = ..., weight_transports: _Optional[_Iterable[_Union[WeightTransport, str]]] = ..., weight_shm_dir: _Optional[str] = ..., weight_shm_token: _Optional[str] = ...) -> None: ...
+
+class OpenWeightChannelRequest(_message.Message):
+    __slots__ = ("transport", "init_method", "rank", "world_size", "backend", "timeout_seconds")
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    INIT_METHOD_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    transport: WeightTransport
+    init_method: str
+    rank: int
+    world_size: int
+    backend: str
+    timeout_seconds: float
+    def __init__(self, transport: _Optional[_Union[WeightTransport, str]] = ..., init_method: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class OpenWeightChannelResponse(_message.Message):
+    __slots__ = ("transport",)
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    transport: WeightTransport
+    def __init__(self, transport: _Optional[_Union[WeightTransport, str]] = ...) -> None: ...
+
+class TensorLayout(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "bucket", "offset", "nbytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    bucket: int
+    offset: int
+    nbytes: int
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., bucket: _Optional[int] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class UpdateWeightsFromChannelRequest(_message.Message):
+    __slots__ = ("version", "format", "adapter_config_json", "tensors", "bucket_bytes", "bucket_files")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_FILES_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    format: WeightFormat
+    adapter_config_json: str
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorLayout]
+    bucket_bytes: _containers.RepeatedScalarFieldContainer[int]
+    bucket_files: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[int] = ..., format: _Optional[_Union[WeightFormat, str]] = ..., adapter_config_json: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorLayout, _Mapping]]] = ..., bucket_bytes: _Optional[_Iterable[int]] = ..., bucket_files: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class UpdateWeightsFromChannelResponse(_message.Message):
+    __slots__ = ("policy_version", "bytes_received", "tensors_loaded", "transfer_seconds", "apply_seconds", "transport")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_LOADED_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    APPLY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    bytes_received: int
+    tensors_loaded: int
+    transfer_seconds: float
+    apply_seconds: float
+    transport: WeightTransport
+    def __init__(self, policy_version: _Optional[int] = ..., bytes_received: _Optional[int] = ..., tensors_loaded: _Optional[int] = ..., transfer_seconds: _Optional[float] = ..., apply_seconds: _Optional[float] = ..., transport: _Optional[_Union[WeightTransport, str]] = ...) -> None: ...
+
+class CloseWeightChannelRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CloseWeightChannelResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

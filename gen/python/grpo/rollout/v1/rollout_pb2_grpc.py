@@ -67,6 +67,21 @@ class RolloutServiceStub:
                 request_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.WakeUpRequest.SerializeToString,
                 response_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.WakeUpResponse.FromString,
                 _registered_method=True)
+        self.OpenWeightChannel = channel.unary_unary(
+                '/grpo.rollout.v1.RolloutService/OpenWeightChannel',
+                request_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenWeightChannelRequest.SerializeToString,
+                response_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenWeightChannelResponse.FromString,
+                _registered_method=True)
+        self.UpdateWeightsFromChannel = channel.unary_unary(
+                '/grpo.rollout.v1.RolloutService/UpdateWeightsFromChannel',
+                request_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsFromChannelRequest.SerializeToString,
+                response_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsFromChannelResponse.FromString,
+                _registered_method=True)
+        self.CloseWeightChannel = channel.unary_unary(
+                '/grpo.rollout.v1.RolloutService/CloseWeightChannel',
+                request_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.CloseWeightChannelRequest.SerializeToString,
+                response_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.CloseWeightChannelResponse.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/grpo.rollout.v1.RolloutService/GetStatus',
                 request_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.GetStatusRequest.SerializeToString,
@@ -123,6 +138,33 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenWeightChannel(self, request, context):
+        """Joins the weight data plane the trainer offers: a shared-memory directory
+        on the same host, or a torch.distributed group (gloo on CPU, NCCL on
+        CUDA) the trainer has opened at `init_method`. gRPC stays the control
+        plane; the channel carries the tensor bytes. FAILED_PRECONDITION when
+        the replica cannot use that transport (the trainer falls back to the
+        stream); the chosen transport is reported in GetStatus.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateWeightsFromChannel(self, request, context):
+        """Applies weights whose bytes travel over the open channel, laid out as
+        the manifest says. All-or-nothing, like UpdateWeights.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseWeightChannel(self, request, context):
+        """Leaves the channel; later pushes use UpdateWeights.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetStatus(self, request, context):
         """Engine, model, weight version, sleep state and memory use.
         """
@@ -157,6 +199,21 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.WakeUp,
                     request_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.WakeUpRequest.FromString,
                     response_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.WakeUpResponse.SerializeToString,
+            ),
+            'OpenWeightChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenWeightChannel,
+                    request_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenWeightChannelRequest.FromString,
+                    response_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenWeightChannelResponse.SerializeToString,
+            ),
+            'UpdateWeightsFromChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateWeightsFromChannel,
+                    request_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsFromChannelRequest.FromString,
+                    response_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsFromChannelResponse.SerializeToString,
+            ),
+            'CloseWeightChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseWeightChannel,
+                    request_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.CloseWeightChannelRequest.FromString,
+                    response_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.CloseWeightChannelResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -307,6 +364,87 @@ class RolloutService:
             '/grpo.rollout.v1.RolloutService/WakeUp',
             grpo_dot_rollout_dot_v1_dot_rollout__pb2.WakeUpRequest.SerializeToString,
             grpo_dot_rollout_dot_v1_dot_rollout__pb2.WakeUpResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenWeightChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grpo.rollout.v1.RolloutService/OpenWeightChannel',
+            grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenWeightChannelRequest.SerializeToString,
+            grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenWeightChannelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateWeightsFromChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grpo.rollout.v1.RolloutService/UpdateWeightsFromChannel',
+            grpo_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsFromChannelRequest.SerializeToString,
+            grpo_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsFromChannelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseWeightChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grpo.rollout.v1.RolloutService/CloseWeightChannel',
+            grpo_dot_rollout_dot_v1_dot_rollout__pb2.CloseWeightChannelRequest.SerializeToString,
+            grpo_dot_rollout_dot_v1_dot_rollout__pb2.CloseWeightChannelResponse.FromString,
             options,
             channel_credentials,
             insecure,
