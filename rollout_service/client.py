@@ -129,6 +129,7 @@ class RolloutClient(ServiceClient):
         *,
         prompt_ids: Sequence[str] | None = None,
         episodes: Sequence[EpisodeSpec] | None = None,
+        continue_across_updates: bool = False,
         timeout_s: float | None = None,
     ) -> list[CompletionResult]:
         """``n`` completions per prompt, prompt-major (``len(prompts) * n`` results).
@@ -136,6 +137,8 @@ class RolloutClient(ServiceClient):
         ``prompt_ids`` (optional) are echoed in ``CompletionResult.prompt_id``; default "0", "1", ...
         ``episodes`` (optional, one per prompt): each completion is a multi-turn tool episode; the
         results then carry ``tool_mask``, ``turns``, tool counts and ``env_reward``.
+        ``continue_across_updates``: a weight update during the call pauses it at a token boundary
+        instead of waiting for it (``CompletionResult.token_versions`` says which version sampled what).
         """
         request = rollout_pb2.GenerateRequest(
             prompts=[
@@ -144,6 +147,7 @@ class RolloutClient(ServiceClient):
             ],
             n=n,
             sampling=_sampling(sampling or {}),
+            continue_across_updates=continue_across_updates,
         )
         response = self._call("Generate", request, timeout_s=timeout_s)
         return [_completion(c) for c in response.completions]
@@ -350,6 +354,7 @@ def _completion(c: rollout_pb2.Completion) -> CompletionResult:
         tool_failure_count=c.tool_failure_count,
         env_reward=c.env_reward if c.HasField("env_reward") else None,
         error=c.error,
+        token_versions=list(c.token_versions),
     )
 
 

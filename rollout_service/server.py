@@ -63,6 +63,7 @@ async def build_core(settings: RolloutSettings) -> RolloutCore:
         max_weight_bytes=settings.max_weight_bytes,
         batch_window_s=settings.batch_window_ms / 1000,
         max_batch_rows=settings.max_batch_size,
+        partial_segment_tokens=settings.partial_segment_tokens,
         environments=environment_clients(settings),
         episode_settings=settings.episodes,
     )

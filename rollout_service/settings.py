@@ -63,6 +63,9 @@ class RolloutSettings(BaseModel):
     # model parameter twice in float32 (a full-rank adapter of every matrix fits) + 1 MiB.
     max_weight_bytes: int | None = Field(None, ge=1)
     batch_window_ms: float = Field(5.0, ge=0)  # how long the batcher waits for concurrent calls
+    # A Generate call with continue_across_updates may pause for a weight update after every this many
+    # generated tokens (and continue with the new weights).
+    partial_segment_tokens: int = Field(8, ge=1)
     seed: int = 0
     work_dir: str | None = None  # adapters and weight snapshots for vLLM; default: a temp dir
     vllm: VllmSettings = Field(default_factory=VllmSettings)

@@ -63,7 +63,12 @@ def generate_request(msg: rollout_pb2.GenerateRequest) -> GenerateRequest:
         )
         for p in msg.prompts
     )
-    return GenerateRequest(prompts=prompts, n=msg.n, sampling=sampling_spec(msg.sampling))
+    return GenerateRequest(
+        prompts=prompts,
+        n=msg.n,
+        sampling=sampling_spec(msg.sampling),
+        continue_across_updates=msg.continue_across_updates,
+    )
 
 
 def completion(result: CompletionResult) -> rollout_pb2.Completion:
@@ -86,6 +91,7 @@ def completion(result: CompletionResult) -> rollout_pb2.Completion:
         tool_failure_count=result.tool_failure_count,
         env_reward=result.env_reward,
         error=result.error,
+        token_versions=result.token_versions,
     )
 
 

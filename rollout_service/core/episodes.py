@@ -9,6 +9,8 @@ Token-in/token-out: the completion is the concatenation of the model's sampled i
 and the tool-result ids rendered by the chat template (``tool_calls.ToolSuffixer``);
 the model's text is decoded only to find tool calls, never re-tokenized. ``tool_mask`` is 1 on model ids
 and 0 on tool-result ids, whose logprobs are 0 placeholders (TRL's ``tool_mask`` convention).
+``token_versions``: a model id carries the version that sampled it (a turn of a ``continue_across_updates``
+request may span an update); a tool-result id carries the version of the model's last token before it.
 
 An episode ends when a turn has no tool call (its finish reason: STOP, or LENGTH when the budget ran out
 mid-turn), when the token budget (``sampling.max_tokens`` over the whole completion) or the context cannot
@@ -91,6 +93,7 @@ class EpisodeState:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     tool_mask: list[int] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)
     turns: list[TurnSpan] = field(default_factory=list)
     tool_calls: int = 0
     tool_failures: int = 0
@@ -98,11 +101,16 @@ class EpisodeState:
     error: str = ""
     env_reward: float | None = None
 
-    def append(self, ids: list[int], logprobs: list[float] | None) -> None:
-        """Model ids with their logprobs, or tool-result ids (``logprobs`` None: 0 placeholders, mask 0)."""
+    def append(self, ids: list[int], logprobs: list[float] | None, versions: list[int] | None = None) -> None:
+        """Model ids with their logprobs and versions, or tool-result ids (``logprobs`` None: 0 placeholders,
+        mask 0, the version of the token before them)."""
         self.tokens += ids
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
         self.tool_mask += [1 if logprobs is not None else 0] * len(ids)
+        if versions is None:
+            last = self.token_versions[-1] if self.token_versions else self.turns[-1].policy_version
+            versions = [last] * len(ids)
+        self.token_versions += versions
 
 
 class EpisodeRunner:
@@ -179,10 +187,11 @@ class EpisodeRunner:
     async def run(self, request: GenerateRequest, sampling: SamplingSpec) -> list[CompletionResult]:
         """All episodes of a checked request, concurrently; prompt-major results. A failure that is not one
         episode's (the engine's, a cancelled call) stops every episode of the request."""
+        partial = request.continue_across_updates
         try:
             async with asyncio.TaskGroup() as group:
                 tasks = [
-                    group.create_task(self._episode(prompt, i, j, sampling))
+                    group.create_task(self._episode(prompt, i, j, sampling, partial))
                     for i, prompt in enumerate(request.prompts)
                     for j in range(request.n)
                 ]
@@ -193,7 +202,7 @@ class EpisodeRunner:
         return [task.result() for task in tasks]
 
     async def _episode(
-        self, prompt: PromptInput, index: int, sample: int, sampling: SamplingSpec
+        self, prompt: PromptInput, index: int, sample: int, sampling: SamplingSpec, partial: bool = False
     ) -> CompletionResult:
         spec = prompt.episode
         assert spec is not None  # checked
@@ -212,7 +221,7 @@ class EpisodeRunner:
                     f"the prompt with the environment's tools is {len(state.prompt_ids)} tokens, no room in "
                     f"the model's context of {self._validator.max_model_len}"
                 )
-            await self._turns(state, spec, episode, env, sampling, index * 1_000_003 + sample)
+            await self._turns(state, spec, episode, env, sampling, index * 1_000_003 + sample, partial)
             state.env_reward = await self._reward(env, episode)
         except EnvironmentFailure as failure:
             state.finish, state.error = FinishReason.ERROR, str(failure)
@@ -234,6 +243,7 @@ class EpisodeRunner:
         env: EnvironmentBackend,
         sampling: SamplingSpec,
         stream: int,
+        partial: bool = False,
     ) -> None:
         max_turns = spec.max_turns or self._settings.max_turns
         max_calls = spec.max_tool_calls if spec.max_tool_calls is not None else self._settings.max_tool_calls
@@ -247,14 +257,17 @@ class EpisodeRunner:
                 1,
                 dataclasses.replace(sampling, max_tokens=budget, seed=seed),
                 session=state.session,
+                continue_across_updates=partial,
             )
             await self._generate_turn(job)
             raw = job.results[0]
             start = len(state.tokens)
-            state.append(raw.token_ids, raw.logprobs)
+            versions = raw.token_versions or [job.policy_version] * len(raw.token_ids)
+            state.append(raw.token_ids, raw.logprobs, versions)
             parsed: list[ParsedCall] = []
             if raw.finish_reason == FinishReason.STOP:
                 parsed = parse_tool_calls(self._tokenizer.decode(raw.token_ids, skip_special_tokens=False))
+            # The turn's version is its oldest token's (that of the batch that started it).
             state.turns.append(TurnSpan(start, len(state.tokens), job.policy_version, len(parsed)))
             if raw.finish_reason == FinishReason.ABORT or not parsed:
                 state.finish = raw.finish_reason
@@ -374,4 +387,5 @@ class EpisodeRunner:
             tool_failure_count=state.tool_failures,
             env_reward=state.env_reward,
             error=state.error,
+            token_versions=state.token_versions,
         )

@@ -2,7 +2,10 @@
 
 ``RolloutCore`` validates requests, batches generation through the scheduler under the shared
 side of the weights lock, and runs weight updates and sleep/wake under its exclusive side, so a
-completion never mixes weight versions and carries the version that produced it.
+completion never mixes weight versions and carries the version that produced it — unless its request
+set ``continue_across_updates``: then an update pauses the batch at a segment boundary, applies, and
+the batch continues with the new weights (``versioning.UpdatePause``); every token carries the version
+that sampled it and the completion's ``policy_version`` is the oldest.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from rollout_service.core.types import (
     WeightsApplied,
 )
 from rollout_service.core.validation import RequestValidator, check_completions
-from rollout_service.core.versioning import ReadWriteLock, VersionState
+from rollout_service.core.versioning import ReadWriteLock, UpdatePause, VersionState
 from rollout_service.engines.base import Engine
 from rollout_service.settings import EpisodeSettings
 from rollout_service.weights import ParamCatalog, ValidatedUpdate, read_directory, validate_payload
@@ -42,7 +45,8 @@ class RolloutCore:
     more is RESOURCE_EXHAUSTED. ``weights_root`` / ``max_weight_bytes``: where LoadWeights may
     read and the largest payload either weight RPC takes (None: ``catalog.max_payload_bytes``).
     ``environments``: the environment services episodes may use, by target name (``episode_settings``
-    holds their limits and timeouts).
+    holds their limits and timeouts). ``partial_segment_tokens``: a partial-rollout batch may pause for
+    a weight update after every this many generated tokens.
     """
 
     def __init__(
@@ -61,6 +65,7 @@ class RolloutCore:
         max_batch_rows: int = 256,
         environments: Mapping[str, EnvironmentBackend] | None = None,
         episode_settings: EpisodeSettings | None = None,
+        partial_segment_tokens: int = 8,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -81,6 +86,9 @@ class RolloutCore:
         self.versions = VersionState()
         self.sleep_state = SleepState()
         self._lock = ReadWriteLock()
+        if partial_segment_tokens < 1:
+            raise ValueError(f"partial_segment_tokens must be >= 1, got {partial_segment_tokens}")
+        self.partial_segment_tokens = partial_segment_tokens
         self._scheduler = BatchScheduler(self._run_batch, window_s=batch_window_s, max_rows=max_batch_rows)
         self.episodes = EpisodeRunner(
             self._generate_turn,
@@ -150,19 +158,36 @@ class RolloutCore:
                     text=text,
                     logprobs=raw.logprobs,
                     finish_reason=raw.finish_reason,
-                    policy_version=version,
+                    policy_version=min(raw.token_versions, default=version),
+                    token_versions=raw.token_versions,
                 )
             )
         return out
 
     async def _run_batch(self, jobs: list[GenerationJob]) -> None:
+        """One engine batch under the read lock; fills every result's ``token_versions``.
+
+        The scheduler never mixes partial-rollout jobs with others, so the first job says which the batch is.
+        """
         async with self._lock.read():
             # Re-checked here: a Sleep may have run while the jobs waited in the queue.
             self.sleep_state.check_generate()
             version = self.versions.policy_version
-            await asyncio.to_thread(self.engine.generate, jobs)
+            if jobs[0].continue_across_updates:
+                pause = UpdatePause(
+                    self._lock,
+                    asyncio.get_running_loop(),
+                    lambda: self.versions.policy_version,
+                    self.partial_segment_tokens,
+                )
+                await asyncio.to_thread(self.engine.generate, jobs, pause)
+            else:
+                await asyncio.to_thread(self.engine.generate, jobs)
             for job in jobs:
                 job.policy_version = version
+                for raw in job.results:
+                    if raw.token_versions is None:
+                        raw.token_versions = [version] * len(raw.token_ids)
 
     # ---------------------------------------------------------------- weights
     async def update_weights(self, payload: WeightPayload) -> WeightsApplied:
@@ -200,7 +225,7 @@ class RolloutCore:
     async def _apply(self, update: ValidatedUpdate, start: float | None = None) -> WeightsApplied:
         """Apply under the exclusive lock; ``apply_seconds`` counts from ``start`` (default: now)."""
         start = time.perf_counter() if start is None else start
-        async with self._lock.write():
+        async with self._lock.write(preempts_partial=True):
             # Checked again under the lock: a concurrent update or sleep may have won the race.
             self.versions.check_next(update.version)
             self.sleep_state.check_weight_update()

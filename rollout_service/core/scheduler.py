@@ -4,6 +4,9 @@ Calls arriving within ``window_s`` of the first queued one (up to ``max_rows`` s
 one batch; the engine samples them together. A caller that goes away (cancelled RPC, exceeded
 deadline) sets its job's cancel token: a queued job is skipped, a running one stops at the next
 decode step.
+
+Jobs that may continue across weight updates (partial rollouts) and jobs that must come from one
+version never share a batch: a job of the other kind ends the window and starts the next batch.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ class BatchScheduler:
         self._max_rows = max_rows
         self._queue: asyncio.Queue[tuple[GenerationJob, asyncio.Future[None]]] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        # A job taken from the queue that did not fit the batch being formed (the other kind): it
+        # starts the next one.
+        self._held: tuple[GenerationJob, asyncio.Future[None]] | None = None
 
     def start(self) -> None:
         if self._task is None:
@@ -36,8 +42,11 @@ class BatchScheduler:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        while not self._queue.empty():
-            job, future = self._queue.get_nowait()
+        waiting = [self._queue.get_nowait() for _ in range(self._queue.qsize())]
+        if self._held is not None:
+            waiting.append(self._held)
+            self._held = None
+        for job, future in waiting:
             job.cancel.cancel()
             if not future.done():
                 future.cancel()
@@ -54,7 +63,9 @@ class BatchScheduler:
 
     async def _loop(self) -> None:
         while True:
-            batch = [await self._queue.get()]
+            first, self._held = self._held, None
+            batch = [first if first is not None else await self._queue.get()]
+            partial = batch[0][0].continue_across_updates
             rows = batch[0][0].num_rows
             deadline = time.monotonic() + self._window_s
             while rows < self._max_rows:
@@ -64,6 +75,9 @@ class BatchScheduler:
                 try:
                     item = await asyncio.wait_for(self._queue.get(), remaining)
                 except TimeoutError:
+                    break
+                if item[0].continue_across_updates != partial:
+                    self._held = item
                     break
                 batch.append(item)
                 rows += item[0].num_rows

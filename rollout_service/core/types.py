@@ -80,6 +80,8 @@ class GenerateRequest:
     prompts: tuple[PromptInput, ...]
     n: int
     sampling: SamplingSpec
+    # A weight update may take the lock between segments of this call's tokens (a partial rollout).
+    continue_across_updates: bool = False
 
 
 @dataclass
@@ -104,6 +106,8 @@ class CompletionResult:
     tool_failure_count: int = 0
     env_reward: float | None = None
     error: str = ""
+    # One per token of ``token_ids``: the version whose weights sampled it (``policy_version`` is the oldest).
+    token_versions: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,9 @@ class RawCompletion:
     logprobs: list[float]
     finish_reason: FinishReason
     text: str | None = None  # set by engines that decode and cut stop strings themselves
+    # One per token: the version that sampled it, set by an engine that paused for an update mid-sequence
+    # (None: the whole sequence is of the batch's version, filled in by the core).
+    token_versions: list[int] | None = None
 
 
 class CancelToken:
@@ -160,7 +167,10 @@ class GenerationJob:
     # whose prompt extends it, until ``Engine.release_session``.
     session: str | None = None
     results: list[RawCompletion] = field(default_factory=list)
-    policy_version: int = 0  # set by the core: the version that served the batch
+    policy_version: int = 0  # set by the core: the version that served the batch (when it started)
+    # The engine may pause this job at a segment boundary for a weight update and continue with the new
+    # weights (``GenerateRequest.continue_across_updates``); jobs with and without it never share a batch.
+    continue_across_updates: bool = False
 
     @property
     def num_rows(self) -> int:

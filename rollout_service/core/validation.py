@@ -156,7 +156,12 @@ class RequestValidator:
                 f"max_request_tokens = {self.max_request_tokens}",
                 field="prompts",
             )
-        return GenerationJob(prompt_token_ids=token_ids, n=request.n, sampling=sampling)
+        return GenerationJob(
+            prompt_token_ids=token_ids,
+            n=request.n,
+            sampling=sampling,
+            continue_across_updates=request.continue_across_updates,
+        )
 
     def _check_length(self, prompt: PromptInput, field: str) -> None:
         """Refuse, before any tokenizing, a prompt that cannot fit the context."""

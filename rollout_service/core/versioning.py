@@ -1,15 +1,21 @@
-"""Versioned weights: the policy version state machine and the batch-granularity lock.
+"""Versioned weights: the policy version state machine and the weights lock.
 
 Generation batches hold the lock shared (readers); a weight update, a load and a sleep hold it
 exclusively (writer) and wait for the batches in flight, so every completion is produced by one
 set of weights and carries that version. Writers are preferred: once an update waits, no new
 batch starts until it is applied.
+
+Partial rollouts: a batch of ``continue_across_updates`` jobs does not make an update wait for its
+end. Its engine polls :class:`UpdatePause` at segment boundaries; when an update waits, the batch
+hands its read side over (:meth:`ReadWriteLock.yield_to_updates`), the update applies, and the batch
+takes the lock back before any later writer and continues with the new weights. A sleep never
+preempts a batch (the engine could not continue without weights): it waits for the batch's end.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -25,6 +31,13 @@ class ReadWriteLock:
         self._readers = 0
         self._writer = False
         self._writers_waiting = 0
+        self._updates_waiting = 0  # waiting writers a partial-rollout batch yields to
+        self._paused_readers = 0  # readers inside yield_to_updates: only updates may pass them
+
+    @property
+    def updates_waiting(self) -> bool:
+        """Whether a writer that preempts partial rollouts waits (a plain read, safe from any thread)."""
+        return self._updates_waiting > 0
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[None]:
@@ -38,14 +51,39 @@ class ReadWriteLock:
                 self._readers -= 1
                 self._cond.notify_all()
 
+    async def yield_to_updates(self) -> None:
+        """Inside ``read()``: give the read side up while the waiting updates apply, then take it back.
+
+        The reader returns once no update holds the lock or waits for it, ahead of any other writer (a
+        sleep waiting since before still waits for the batch's end).
+        """
+        async with self._cond:
+            self._readers -= 1
+            self._paused_readers += 1
+            self._cond.notify_all()
+            try:
+                await self._cond.wait_for(lambda: not self._writer and self._updates_waiting == 0)
+            finally:
+                self._paused_readers -= 1
+                self._readers += 1
+
     @asynccontextmanager
-    async def write(self) -> AsyncIterator[None]:
+    async def write(self, *, preempts_partial: bool = False) -> AsyncIterator[None]:
+        """``preempts_partial``: a weight update, which batches of partial rollouts pause for."""
         async with self._cond:
             self._writers_waiting += 1
+            self._updates_waiting += preempts_partial
             try:
-                await self._cond.wait_for(lambda: not self._writer and self._readers == 0)
+                await self._cond.wait_for(
+                    lambda: (
+                        not self._writer
+                        and self._readers == 0
+                        and (preempts_partial or self._paused_readers == 0)
+                    )
+                )
             finally:
                 self._writers_waiting -= 1
+                self._updates_waiting -= preempts_partial
             self._writer = True
         try:
             yield
@@ -74,3 +112,37 @@ class VersionState:
         self.check_next(version)
         self.policy_version = version
         self.weight_format = fmt
+
+
+class UpdatePause:
+    """What an engine running a partial-rollout batch (in a worker thread) polls at segment boundaries.
+
+    ``version``: the policy version sampling now. ``segment_tokens``: pause only after multiples of this
+    many generated tokens. When ``requested``, the engine calls :meth:`pause` (blocking its thread while
+    the waiting updates apply on the event loop) and continues with the weights serving afterwards.
+    """
+
+    def __init__(
+        self,
+        lock: ReadWriteLock,
+        loop: asyncio.AbstractEventLoop,
+        served_version: Callable[[], int],
+        segment_tokens: int,
+    ) -> None:
+        self._lock = lock
+        self._loop = loop
+        self._served_version = served_version
+        self.segment_tokens = segment_tokens
+        self.version = served_version()
+        self.pauses = 0
+
+    @property
+    def requested(self) -> bool:
+        return self._lock.updates_waiting
+
+    def pause(self) -> int:
+        """Let the waiting updates apply; returns the version serving afterwards (also ``self.version``)."""
+        asyncio.run_coroutine_threadsafe(self._lock.yield_to_updates(), self._loop).result()
+        self.pauses += 1
+        self.version = self._served_version()
+        return self.version

@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from transformers import PreTrainedTokenizerBase
 
 from rollout_service.core.types import GenerationJob
+from rollout_service.core.versioning import UpdatePause
 from rollout_service.weights import ValidatedUpdate
 
 
@@ -37,11 +38,16 @@ class Engine(ABC):
     max_model_len: int
 
     @abstractmethod
-    def generate(self, jobs: list[GenerationJob]) -> None:
+    def generate(self, jobs: list[GenerationJob], pause: UpdatePause | None = None) -> None:
         """Sample every job's completions in one batch, filling ``job.results`` prompt-major.
 
         A job whose ``cancel`` token is set stops between decode steps; its results are then
         incomplete and ignored by the caller.
+
+        ``pause`` (a batch of partial rollouts only): after every ``pause.segment_tokens`` generated
+        tokens, if ``pause.requested``, call ``pause.pause()`` — the waiting weight update applies —
+        and continue the unfinished sequences with the new weights, setting each result's
+        ``token_versions`` from ``pause.version`` at the time each token was sampled.
         """
 
     @abstractmethod

@@ -6,6 +6,15 @@ Batching: all rows of all jobs handed to one ``generate`` call run together, ``m
 rows per forward pass, prompts left-padded. Finished rows are dropped from the batch (and its
 KV cache) once a quarter of it has finished, so long-tail rows do not pay for short ones.
 
+Partial rollouts (a ``pause`` handed to ``generate``): every ``pause.segment_tokens`` steps the loop
+checks whether a weight update waits; if so it drops the batch's KV cache, lets the update apply, and
+prefills prompt + tokens generated so far again with the new weights before sampling on. Recomputing
+costs one prefill per update per batch, and makes every later token exactly what the new weights sample
+after that prefix: its logprob is the new policy's, the quantity the trainer's per-token importance
+ratio divides by. PipelineRL keeps the stale KV cache instead (cheaper, but then a token's logprob is
+neither policy's: keys and values of the prefix are the old weights'); with prefill far cheaper than
+decode per token on these engines, exactness wins.
+
 Weights: a LoRA adapter is merged into the live weights, W = W0 + s·B·A, keeping a copy of W0
 for the modules it touches so the next adapter (or a state dict) starts from the base again.
 
@@ -34,6 +43,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_service.core.memory import release_freed_memory
 from rollout_service.core.types import FinishReason, GenerationJob, RawCompletion, SamplingSpec
+from rollout_service.core.versioning import UpdatePause
 from rollout_service.engines.base import Engine, derive_seed
 from rollout_service.engines.hf_cache import decode_cache, seeded_layers
 from rollout_service.engines.sampling import RowParams, sample_rows, sampling_logits, tempered_logprobs
@@ -63,8 +73,10 @@ class _Row:
     generator: torch.Generator
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # partial rollouts: the version of each token
     finish: FinishReason | None = None
     text: str | None = None
+    prefilled: int = 0  # generated tokens that the current decode's prefill included (after a pause)
 
 
 class HFEngine(Engine):
@@ -121,7 +133,7 @@ class HFEngine(Engine):
         return self._model
 
     # --------------------------------------------------------------- generate
-    def generate(self, jobs: list[GenerationJob]) -> None:
+    def generate(self, jobs: list[GenerationJob], pause: UpdatePause | None = None) -> None:
         """Rows are made (with their generators) one batch at a time, and rows of a job whose
         caller went away are never made: a cancelled request stops costing work and memory at
         once, not after every batch it queued."""
@@ -129,10 +141,18 @@ class HFEngine(Engine):
             job.results = [RawCompletion([], [], FinishReason.ABORT, "")] * job.num_rows
         pending = self._live_rows(jobs)
         while batch := list(itertools.islice(pending, self.max_batch_size)):
-            self._decode(batch)
+            live = batch
+            while self._decode(live, pause):
+                assert pause is not None
+                pause.pause()
+                live = [row for row in live if row.finish is None]
             for row in batch:
                 row.job.results[row.index] = RawCompletion(
-                    row.tokens, row.logprobs, row.finish or FinishReason.ABORT, row.text
+                    row.tokens,
+                    row.logprobs,
+                    row.finish or FinishReason.ABORT,
+                    row.text,
+                    row.versions if pause is not None else None,
                 )
 
     def _live_rows(self, jobs: list[GenerationJob]) -> Iterator[_Row]:
@@ -152,16 +172,18 @@ class HFEngine(Engine):
             seed = derive_seed(sampling.seed, prompt_index, sample_index)
         return torch.Generator().manual_seed(seed)
 
-    def _cached_prefix(self, row: _Row) -> _SessionCache | None:
-        """The row's episode cache when it holds a proper prefix of the row's prompt (else None)."""
+    def _cached_prefix(self, row: _Row, context: list[int]) -> _SessionCache | None:
+        """The row's episode cache when it holds a proper prefix of ``context`` (else None)."""
         cached = self._sessions.get(row.job.session) if row.job.session is not None else None
-        if cached is None or len(cached.tokens) >= len(row.prompt):
+        if cached is None or len(cached.tokens) >= len(context):
             return None
-        return cached if row.prompt[: len(cached.tokens)] == cached.tokens else None
+        return cached if context[: len(cached.tokens)] == cached.tokens else None
 
     @torch.inference_mode()
-    def _decode(self, rows: list[_Row]) -> None:
-        """Prefill, then sample token by token until every row finished.
+    def _decode(self, rows: list[_Row], pause: UpdatePause | None = None) -> bool:
+        """Prefill, then sample token by token until every row finished (returns False) or, with ``pause``,
+        until a weight update waits at a segment boundary (returns True; the caller lets it apply and calls
+        again with the unfinished rows, whose prefill then covers prompt + tokens generated so far).
 
         Layout of the batch's positions: a region of width L = max cached length, where each row's cached KV
         (an episode's earlier turns) sits right-aligned, then a region of width S = max uncached length, where
@@ -170,17 +192,22 @@ class HFEngine(Engine):
         """
         model = self.model
         dev = self.device
+        contexts = [r.prompt + r.tokens for r in rows]
+        for row in rows:
+            row.prefilled = len(row.tokens)
         capacity = max(len(r.prompt) + r.job.sampling.max_tokens for r in rows)
         cache = decode_cache(model.config, capacity)
-        cached = [self._cached_prefix(r) if seeded_layers(cache) else None for r in rows]
+        seedable = seeded_layers(cache)
+        pairs = zip(rows, contexts, strict=True)
+        cached = [self._cached_prefix(r, c) if seedable else None for r, c in pairs]
         lengths = [len(c.tokens) if c is not None else 0 for c in cached]
         reused = max(lengths)
-        suffix = max(len(r.prompt) - n for r, n in zip(rows, lengths, strict=True))
+        suffix = max(len(c) - n for c, n in zip(contexts, lengths, strict=True))
         width = reused + suffix
         input_ids = torch.full((len(rows), suffix), self._pad_id, dtype=torch.long)
         attention = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, (row, n) in enumerate(zip(rows, lengths, strict=True)):
-            rest = row.prompt[n:]
+        for b, (context, n) in enumerate(zip(contexts, lengths, strict=True)):
+            rest = context[n:]
             input_ids[b, suffix - len(rest) :] = torch.tensor(rest)
             attention[b, reused - n : reused] = 1
             attention[b, width - len(rest) :] = 1
@@ -194,8 +221,8 @@ class HFEngine(Engine):
         seen = None
         if params.any_penalty:
             seen = torch.zeros((len(rows), vocab), dtype=torch.bool)
-            for b, row in enumerate(rows):
-                seen[b, torch.tensor(row.prompt)] = True
+            for b, context in enumerate(contexts):
+                seen[b, torch.tensor(context)] = True
         out = model(
             input_ids=input_ids.to(dev),
             attention_mask=attention.to(dev),
@@ -206,7 +233,8 @@ class HFEngine(Engine):
         )
         active = list(range(len(rows)))  # batch row b ↔ rows[active[b]]; a cancelled row finishes
         # (ABORT) at its next step and leaves the batch with the next compaction
-        step = 0
+        step = rows[0].prefilled  # the rows of one decode have generated equally many tokens
+        version = pause.version if pause is not None else None
         while True:
             logits = out.logits[:, -1, :].float().cpu()
             z = sampling_logits(logits, params, seen, step, self._eos_ids)
@@ -215,13 +243,16 @@ class HFEngine(Engine):
             logprobs = tempered_logprobs(logits, params.temperature).gather(-1, tokens[:, None])[:, 0]
             step += 1
             for b, i in enumerate(active):
-                self._append(rows[i], int(tokens[b]), float(logprobs[b]))
+                self._append(rows[i], int(tokens[b]), float(logprobs[b]), version)
             if seen is not None:
                 seen[torch.arange(len(active)), tokens] = True
             keep = [b for b, i in enumerate(active) if rows[i].finish is None]
             if not keep:
                 self._keep_sessions(cache, attention, width, rows, active, range(len(active)))
-                return
+                return False
+            if pause is not None and step % pause.segment_tokens == 0 and pause.requested:
+                # The update discards every session cache (old weights): none to keep from this batch.
+                return True
             if len(keep) <= (1 - COMPACT_FRACTION) * len(active):
                 leaving = [b for b in range(len(active)) if b not in set(keep)]
                 self._keep_sessions(cache, attention, width, rows, active, leaving)
@@ -266,7 +297,7 @@ class HFEngine(Engine):
             row = rows[active[b]]
             if row.job.session is None or row.finish in (None, FinishReason.ABORT) or not row.tokens:
                 continue
-            fed = len(row.tokens) - 1
+            fed = len(row.tokens) - row.prefilled - 1
             real = torch.cat([attention[b, :width].nonzero()[:, 0], torch.arange(width, width + fed)])
             index = real.to(self.device)
             self._sessions[row.job.session] = _SessionCache(
@@ -278,7 +309,7 @@ class HFEngine(Engine):
     def release_session(self, session: str) -> None:
         self._sessions.pop(session, None)
 
-    def _append(self, row: _Row, token: int, logprob: float) -> None:
+    def _append(self, row: _Row, token: int, logprob: float, version: int | None = None) -> None:
         if row.finish is not None:
             return
         if row.job.cancel.cancelled:
@@ -286,6 +317,8 @@ class HFEngine(Engine):
             return
         row.tokens.append(token)
         row.logprobs.append(logprob)
+        if version is not None:
+            row.versions.append(version)
         if not math.isfinite(logprob):
             # Non-finite logits (weights that overflow): the row is garbage from here on, and the
             # core refuses to return it, so stop spending steps on it.

@@ -46,6 +46,7 @@ from vllm.sampling_params import RequestOutputKind
 from grpo_runtime.errors import InvalidArgument
 from rollout_service.core.memory import release_freed_memory
 from rollout_service.core.types import FinishReason, GenerationJob, RawCompletion, SamplingSpec
+from rollout_service.core.versioning import UpdatePause
 from rollout_service.engines.base import Engine, derive_seed
 from rollout_service.settings import RolloutSettings
 from rollout_service.weights import ValidatedUpdate
@@ -120,8 +121,11 @@ class VllmEngine(Engine):
         return self._llm
 
     # --------------------------------------------------------------- generate
-    def generate(self, jobs: list[GenerationJob]) -> None:
+    def generate(self, jobs: list[GenerationJob], pause: UpdatePause | None = None) -> None:
         """One engine request per prompt (its ``n`` samples are vLLM's child requests).
+
+        ``pause`` is not taken: an update waits for the batch's end, as without
+        ``continue_across_updates``, and every token is of the batch's version.
 
         Between steps, the requests of a job whose caller went away are aborted by their ids
         (``LLMEngine.abort_request`` also aborts the child requests of an ``n > 1`` parent), and

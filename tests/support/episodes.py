@@ -23,6 +23,7 @@ from grpo_runtime.env_types import Episode, EpisodeReward, StepOutcome, ToolCall
 from grpo_runtime.server import GrpcServer
 from rollout_service.core.rollout import RolloutCore
 from rollout_service.core.types import FinishReason, GenerationJob, RawCompletion
+from rollout_service.core.versioning import UpdatePause
 from rollout_service.engines.base import Engine
 from rollout_service.server import binding, environment_clients
 from rollout_service.settings import EpisodeSettings, RolloutSettings
@@ -61,7 +62,8 @@ class ScriptedEngine(Engine):
         self.turns_generated = 0
         self.updates_applied = 0
 
-    def generate(self, jobs: list[GenerationJob]) -> None:
+    def generate(self, jobs: list[GenerationJob], pause: UpdatePause | None = None) -> None:
+        # A turn is written at once: there is no segment boundary to pause at.
         eos = self.tokenizer.eos_token_id
         for job in jobs:
             job.results = []

@@ -4,6 +4,7 @@ in-process calculator environment."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 
 import pytest
@@ -176,6 +177,26 @@ async def test_a_dead_environment_is_a_per_completion_error(scripted):
     [c] = await core.generate(episode_request())
     assert c.finish_reason == FinishReason.ERROR and "went away" in c.error
     assert c.env_reward is None and c.tool_call_count == c.tool_failure_count == 1
+
+
+async def test_tool_result_tokens_carry_the_version_of_the_turn_before_them(scripted):
+    """Weights change while the environment runs the tool: the first turn and the tool's result are of the
+    old version, the answer of the new one; the completion's version is the oldest."""
+    core, env, _ = await scripted()
+    core.versions.advance(4, WeightFormat.STATE_DICT)
+    step = env.step
+
+    async def step_during_an_update(episode_id, calls):
+        outcome = await step(episode_id, calls)
+        core.versions.advance(5, WeightFormat.STATE_DICT)  # as an update applied meanwhile would
+        return outcome
+
+    env.step = step_during_an_update
+    request = dataclasses.replace(episode_request(), continue_across_updates=True)
+    [c] = await core.generate(request)
+    first, second = c.turns
+    assert (first.policy_version, second.policy_version) == (4, 5) and c.policy_version == 4
+    assert c.token_versions == [4] * second.start + [5] * (second.end - second.start)
 
 
 async def test_an_episode_that_cannot_open_has_the_version_served_now(scripted):

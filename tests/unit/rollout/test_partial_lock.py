@@ -1,0 +1,54 @@
+"""The weights lock with partial rollouts: a batch that pauses lets a waiting update through and takes the
+lock back before any other writer; a sleep never preempts a batch."""
+
+from __future__ import annotations
+
+import asyncio
+
+from rollout_service.core.versioning import ReadWriteLock, UpdatePause
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def write(lock: ReadWriteLock, name: str, order: list[str], *, preempts_partial: bool) -> None:
+    async with lock.write(preempts_partial=preempts_partial):
+        order.append(name)
+
+
+async def test_a_paused_batch_lets_the_update_through_and_resumes_before_a_sleep():
+    lock, order = ReadWriteLock(), []
+    async with lock.read():
+        sleep = asyncio.create_task(write(lock, "sleep", order, preempts_partial=False))
+        await settle()
+        assert not lock.updates_waiting  # a sleep is no reason to pause
+        update = asyncio.create_task(write(lock, "update", order, preempts_partial=True))
+        await settle()
+        assert lock.updates_waiting and order == []  # the batch holds the lock until it pauses
+        await lock.yield_to_updates()
+        order.append("resumed")
+        await settle()
+        assert order == ["update", "resumed"]  # the sleep still waits for the batch's end
+    await asyncio.gather(sleep, update)
+    assert order == ["update", "resumed", "sleep"]
+
+
+async def test_the_engine_thread_pauses_through_update_pause():
+    lock, order, version = ReadWriteLock(), [], [3]
+
+    async def update() -> None:
+        async with lock.write(preempts_partial=True):
+            version[0] = 4
+            order.append("update")
+
+    async with lock.read():
+        pause = UpdatePause(lock, asyncio.get_running_loop(), lambda: version[0], segment_tokens=8)
+        assert pause.version == 3 and not pause.requested
+        task = asyncio.create_task(update())
+        await settle()
+        assert pause.requested
+        assert await asyncio.wait_for(asyncio.to_thread(pause.pause), 30) == 4  # generous: "did not hang"
+        assert pause.version == 4 and pause.pauses == 1 and order == ["update"]
+    await task
