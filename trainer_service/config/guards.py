@@ -11,7 +11,7 @@ Example::
     guards:
       echo_trap: {action: warn, ngram: 4, max_repeat_ratio: 0.5, max_fraction: 0.5}
       reward_hacking: {action: warn, window: 10, max_length_growth: 0.5}
-      loss_watchdog: {action: rollback, threshold: 10.0, patience: 2}
+      loss_watchdog: {action: rollback, threshold: 10.0, grad_norm_threshold: 100.0, patience: 2}
       eval_gate: {action: halt, metric: accuracy_greedy, max_drop: 0.05}
       rollback: {max_attempts: 2, lr_factor: 0.5}
 """
@@ -59,10 +59,12 @@ class RewardHackingConfig(_Strict):
 
 class LossWatchdogConfig(_Strict):
     """The loss: a NaN or infinite loss (or gradient norm) fires at once; ``|loss| > threshold`` fires after
-    ``patience`` consecutive steps."""
+    ``patience`` consecutive steps, and so does ``grad_norm > grad_norm_threshold`` (None = off). TRL logs
+    ``grad_norm`` before clipping (``training.max_grad_norm``), so a clipped spike still counts."""
 
     action: GuardAction = "halt"
     threshold: float = Field(default=10.0, ge=0.0)
+    grad_norm_threshold: float | None = Field(default=None, gt=0.0)
     patience: int = Field(default=1, ge=1)
 
 

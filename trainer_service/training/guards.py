@@ -118,6 +118,7 @@ class LossWatchdog:
     def __init__(self, config: LossWatchdogConfig):
         self.config = config
         self.over = 0  # consecutive steps with |loss| > threshold
+        self.grad_over = 0  # consecutive steps with grad_norm > grad_norm_threshold
 
     def check(self, logs: Mapping[str, float]) -> list[Finding]:
         c = self.config
@@ -129,12 +130,18 @@ class LossWatchdog:
         if found:
             return found
         loss = _finite(logs.get("loss"))
-        if loss is None:
-            return []
-        self.over = self.over + 1 if abs(loss) > c.threshold else 0
-        if self.over >= c.patience:
-            return [Finding(self.name, "loss_spike", abs(loss), c.threshold, c.action)]
-        return []
+        if loss is not None:
+            self.over = self.over + 1 if abs(loss) > c.threshold else 0
+            if self.over >= c.patience:
+                found.append(Finding(self.name, "loss_spike", abs(loss), c.threshold, c.action))
+        grad_norm = _finite(logs.get("grad_norm"))
+        if c.grad_norm_threshold is not None and grad_norm is not None:
+            self.grad_over = self.grad_over + 1 if grad_norm > c.grad_norm_threshold else 0
+            if self.grad_over >= c.patience:
+                found.append(
+                    Finding(self.name, "grad_norm_spike", grad_norm, c.grad_norm_threshold, c.action)
+                )
+        return found
 
 
 class EvalGate:

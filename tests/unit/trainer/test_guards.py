@@ -87,6 +87,39 @@ def test_loss_watchdog_non_finite_at_once_spikes_after_patience():
     assert finding.signal == "loss_spike" and finding.value == 9.0 and finding.action == "halt"
 
 
+def test_loss_watchdog_grad_norm_threshold_after_patience():
+    dog = LossWatchdog(LossWatchdogConfig(threshold=5.0, grad_norm_threshold=50.0, patience=2))
+    assert dog.check({"loss": 0.1, "grad_norm": 80.0}) == []  # one step over: patience 2
+    assert dog.check({"loss": 0.1, "grad_norm": 3.0}) == []  # streak broken
+    assert dog.check({"loss": 0.1, "grad_norm": 80.0}) == []
+    [finding] = dog.check({"loss": 0.1, "grad_norm": 120.0})
+    assert finding.signal == "grad_norm_spike" and finding.value == 120.0 and finding.limit == 50.0
+    assert finding.action == "halt"
+    # Both streaks long enough: one finding per signal.
+    assert [f.signal for f in dog.check({"loss": 9.0, "grad_norm": 90.0})] == ["grad_norm_spike"]
+    assert [f.signal for f in dog.check({"loss": 9.0, "grad_norm": 90.0})] == [
+        "loss_spike",
+        "grad_norm_spike",
+    ]
+    [finding] = dog.check({"loss": 0.1, "grad_norm": math.nan})
+    assert finding.signal == "grad_norm_not_finite"
+
+
+def test_loss_watchdog_grad_norm_threshold_is_off_by_default():
+    dog = LossWatchdog(LossWatchdogConfig(threshold=5.0))
+    assert dog.check({"loss": 0.1, "grad_norm": 1e12}) == []
+
+
+def test_grad_norm_spike_takes_the_watchdog_action():
+    guards = Guards(
+        GuardsConfig(loss_watchdog=LossWatchdogConfig(action="rollback", grad_norm_threshold=10.0))
+    )
+    assert guards.judge(1, {"loss": 0.1, "grad_norm": 9.0}).action == "none"
+    verdict = guards.judge(2, {"loss": 0.1, "grad_norm": 11.0})
+    assert verdict.action == "rollback"
+    assert verdict.record()["findings"][0]["signal"] == "grad_norm_spike"
+
+
 def test_eval_gate_against_step_zero_and_a_baseline_file(tmp_path):
     gate = EvalGate(EvalGateConfig(max_drop=0.05))
     assert gate.check(0, {"accuracy_greedy": 0.5}) == []  # the baseline
@@ -155,6 +188,11 @@ BASE = {"base": "m", "data": {"train": "t", "eval": "e"}}
             "greater",
         ),
         ({"guards": {"rollback": {"max_attempts": 0}}}, "training.guards.rollback.max_attempts", "greater"),
+        (
+            {"guards": {"loss_watchdog": {"grad_norm_threshold": 0}}},
+            "training.guards.loss_watchdog.grad_norm_threshold",
+            "greater",
+        ),
     ],
 )
 def test_guard_config_refusals_name_the_key(training, key, fragment):
