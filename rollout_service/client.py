@@ -63,7 +63,18 @@ from rollout_service.core.types import (
     WakeResult,
     WeightFormat,
     WeightsApplied,
+    WeightTransport,
 )
+from rollout_service.core.weight_channel import (
+    DEFAULT_BUCKET_BYTES,
+    BucketFiles,
+    BucketPlan,
+    ChannelApplied,
+    fill_bucket,
+    plan_buckets,
+    shares_directory,
+)
+from rollout_service.engines.torch_group import BroadcastGroup, GroupSpec
 from rollout_service.weights import adapter_dir_payload
 
 # Measured on loopback with grpcio 1.85 (bare bytes between two processes, no Python work per
@@ -76,14 +87,25 @@ SAMPLING_FIELDS = frozenset(rollout_pb2.SamplingParams.DESCRIPTOR.fields_by_name
 Prompt = str | Sequence[Mapping[str, str]] | Sequence[int]
 
 __all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "BroadcastGroup",
+    "BucketFiles",
+    "BucketPlan",
+    "ChannelApplied",
     "CompletionResult",
     "EncodedPayload",
     "EpisodeSpec",
     "FinishReason",
+    "GroupSpec",
     "RolloutClient",
     "StatusInfo",
+    "WeightFormat",
+    "WeightTransport",
     "WeightsApplied",
     "encode",
+    "fill_bucket",
+    "plan_buckets",
+    "shares_directory",
 ]
 
 
@@ -251,6 +273,77 @@ class RolloutClient(ServiceClient):
         )
         return WeightsApplied(response.policy_version, response.tensors_loaded, response.apply_seconds)
 
+    # ------------------------------------------------------- weight channel
+    def open_weight_channel(
+        self,
+        transport: WeightTransport,
+        *,
+        init_method: str = "",
+        rank: int = 0,
+        world_size: int = 0,
+        backend: str = "gloo",
+        join_timeout_s: float = 60.0,
+        timeout_s: float | None = None,
+    ) -> WeightTransport:
+        """Have the replica join a data plane: SHARED_MEMORY (its ``weight_shm_dir``), or the
+        torch.distributed group the caller (rank 0) hosts at ``init_method`` (``tcp://host:port``),
+        which this call waits for while the caller joins it too (up to ``join_timeout_s``)."""
+        request = rollout_pb2.OpenWeightChannelRequest(
+            transport=int(transport),
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            backend=backend,
+            timeout_seconds=join_timeout_s,
+        )
+        response = self._call("OpenWeightChannel", request, timeout_s=timeout_s)
+        return WeightTransport(response.transport)
+
+    def push_from_channel(
+        self,
+        plan: BucketPlan,
+        version: int,
+        format: WeightFormat | str,
+        adapter_config: Mapping[str, Any] | str | None = None,
+        *,
+        bucket_files: Sequence[str] = (),
+        timeout_s: float | None = None,
+    ) -> ChannelApplied:
+        """UpdateWeightsFromChannel: the manifest of ``plan``, whose bytes are in the shared-memory
+        ``bucket_files`` or broadcast on the open group while this call waits."""
+        fmt = _weight_format(format)
+        request = rollout_pb2.UpdateWeightsFromChannelRequest(
+            version=version,
+            format=int(fmt),
+            adapter_config_json=_jsonable(adapter_config) if adapter_config is not None else "",
+            tensors=[
+                rollout_pb2.TensorLayout(
+                    name=t.name,
+                    dtype=t.dtype,
+                    shape=t.shape,
+                    bucket=t.bucket,
+                    offset=t.offset,
+                    nbytes=t.nbytes,
+                )
+                for t in plan.layouts
+            ],
+            bucket_bytes=plan.bucket_bytes,
+            bucket_files=list(bucket_files),
+        )
+        r = self._call("UpdateWeightsFromChannel", request, timeout_s=timeout_s)
+        return ChannelApplied(
+            r.policy_version,
+            r.tensors_loaded,
+            r.bytes_received,
+            r.transfer_seconds,
+            r.apply_seconds,
+            _transport(r.transport),
+        )
+
+    def close_weight_channel(self, *, timeout_s: float | None = None) -> None:
+        """Leave the data plane; later pushes use the stream."""
+        self._call("CloseWeightChannel", rollout_pb2.CloseWeightChannelRequest(), timeout_s=timeout_s)
+
     # ---------------------------------------------------------- sleep/status
     def sleep(self, level: int = 1, *, timeout_s: float | None = None) -> SleepResult:
         r = self._call("Sleep", rollout_pb2.SleepRequest(level=level), timeout_s=timeout_s)
@@ -274,6 +367,10 @@ class RolloutClient(ServiceClient):
             memory=_memory(r.memory),
             max_model_len=r.max_model_len,
             weight_format=WeightFormat(r.weight_format),
+            weight_transport=_transport(r.weight_transport),
+            weight_transports=tuple(_transport(t) for t in r.weight_transports),
+            weight_shm_dir=r.weight_shm_dir,
+            weight_shm_token=r.weight_shm_token,
         )
 
     def _encoded_chunks(self, payload: EncodedPayload, header: bytes) -> Iterator[bytes]:
@@ -288,6 +385,14 @@ class RolloutClient(ServiceClient):
             prefix = b""
         if prefix:  # an empty payload: the header alone, for the server to refuse
             yield prefix
+
+
+def _transport(value: int) -> WeightTransport:
+    """A transport a newer server reports and this client does not know reads as UNSPECIFIED."""
+    try:
+        return WeightTransport(value)
+    except ValueError:
+        return WeightTransport.UNSPECIFIED
 
 
 def _varint(value: int) -> bytes:

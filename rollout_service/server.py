@@ -18,6 +18,7 @@ from grpo_runtime.env_client import EnvironmentClient
 from grpo_runtime.server import ServiceBinding
 from rollout_service.api.rollout import RolloutServicer
 from rollout_service.core.rollout import RolloutCore
+from rollout_service.core.weight_channel import SharedMemoryDir, WeightChannel
 from rollout_service.engines.registry import build_engine, check_model_dir
 from rollout_service.settings import RolloutSettings
 from rollout_service.weights import ParamCatalog
@@ -35,13 +36,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="generation engine (default auto: vllm when it can run, else hf)",
     )
     group.add_argument("--device", default=None, help="cpu, cuda:0, ... (default auto)")
+    group.add_argument(
+        "--weight-shm-dir",
+        default=None,
+        metavar="DIR",
+        help="memory-backed directory shared with the trainer for weight pushes (default off)",
+    )
 
 
 def settings_from(args: argparse.Namespace, settings: dict[str, Any]) -> RolloutSettings:
     """Config-file settings with the command-line flags applied over them."""
     merged = RolloutSettings.model_validate(settings)
     overrides = {
-        k: v for k, v in (("model", args.model), ("engine", args.engine), ("device", args.device)) if v
+        k: v
+        for k, v in (
+            ("model", args.model),
+            ("engine", args.engine),
+            ("device", args.device),
+            ("weight_shm_dir", getattr(args, "weight_shm_dir", None)),
+        )
+        if v
     }
     return merged.model_copy(update=overrides)
 
@@ -66,6 +80,10 @@ async def build_core(settings: RolloutSettings) -> RolloutCore:
         partial_segment_tokens=settings.partial_segment_tokens,
         environments=environment_clients(settings),
         episode_settings=settings.episodes,
+        weight_channel=WeightChannel(
+            SharedMemoryDir.open(settings.weight_shm_dir) if settings.weight_shm_dir else None,
+            engine.device,
+        ),
     )
     await core.start()
     return core

@@ -62,6 +62,9 @@ class RolloutSettings(BaseModel):
     # Largest weight payload (UpdateWeights stream, LoadWeights file) in bytes; default: every
     # model parameter twice in float32 (a full-rank adapter of every matrix fits) + 1 MiB.
     max_weight_bytes: int | None = Field(None, ge=1)
+    # Memory-backed directory shared with a trainer on the same host (/dev/shm/..., an emptyDir with
+    # medium Memory): weight buckets are read from files there (SHARED_MEMORY transport). None: off.
+    weight_shm_dir: str | None = None
     batch_window_ms: float = Field(5.0, ge=0)  # how long the batcher waits for concurrent calls
     # A Generate call with continue_across_updates may pause for a weight update after every this many
     # generated tokens (and continue with the new weights).

@@ -39,6 +39,8 @@ WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 MAX_ADAPTER_CONFIG_BYTES = 1 << 20
 MAX_WEIGHT_FILES = 1024
+# Elements per slice of the finiteness check (4 MiB of float32: fits in cache with its temporaries).
+FINITE_SLICE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -119,17 +121,35 @@ def sha256_hex(data: bytes | bytearray | memoryview) -> str:
 
 
 def all_finite(tensor: torch.Tensor) -> bool:
-    """No NaN or infinity in a CPU float tensor.
+    """No NaN or infinity in a float tensor.
 
-    Done with numpy (single-threaded, one pass): torch's parallel reduction spins its OpenMP
-    threads, which on a busy machine costs tens of times the pass itself. bfloat16, which numpy
-    lacks, is checked on its bits: exponent all ones (0x7F80) means inf or NaN.
+    On CPU this is done with numpy (single-threaded), in slices of :data:`FINITE_SLICE` elements so
+    the temporaries stay in cache: torch's parallel reduction spins its OpenMP threads, which on a
+    busy machine costs tens of times the pass itself, and a whole-tensor ``isfinite`` mask costs a
+    page fault per 4 KiB. float32 / float16: ``x · 0`` is 0 exactly when every element is finite
+    (inf · 0 and NaN · 0 are NaN), one BLAS dot product per slice (~5 GB/s here). bfloat16, which
+    numpy lacks, is checked on its bits: exponent all ones (0x7F80) means inf or NaN.
     """
     flat = tensor.detach().reshape(-1)
+    if flat.device.type != "cpu":
+        return bool(torch.isfinite(flat).all())
     if flat.dtype == torch.bfloat16:
         bits = flat.view(torch.int16).numpy()
-        return not bool(((bits & 0x7F80) == 0x7F80).any())
-    return bool(np.isfinite(flat.numpy()).all())
+        exponent = np.int16(0x7F80)
+        scratch = np.empty(min(len(bits), FINITE_SLICE), dtype=np.int16)
+        for start in range(0, len(bits), FINITE_SLICE):
+            part = bits[start : start + FINITE_SLICE]
+            masked = np.bitwise_and(part, exponent, out=scratch[: len(part)])
+            if (masked == exponent).any():
+                return False
+        return True
+    values = flat.numpy()
+    zeros = np.zeros(min(len(values), FINITE_SLICE), dtype=np.float32)
+    for start in range(0, len(values), FINITE_SLICE):
+        part = values[start : start + FINITE_SLICE].astype(np.float32, copy=False)
+        if not np.isfinite(np.dot(part, zeros[: len(part)])):
+            return False
+    return True
 
 
 def parse_safetensors(data: bytes | bytearray | memoryview, field: str = "data") -> dict[str, torch.Tensor]:

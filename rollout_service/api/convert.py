@@ -23,7 +23,13 @@ from rollout_service.core.types import (
     WeightFormat,
     WeightPayload,
     WeightsApplied,
+    WeightTransport,
 )
+from rollout_service.core.weight_channel import ChannelApplied, ChannelManifest, TensorLayout
+from rollout_service.engines.torch_group import GroupSpec
+
+# OpenWeightChannel's default wait for the group to form, in seconds.
+DEFAULT_JOIN_TIMEOUT_S = 60.0
 
 
 def sampling_spec(msg: rollout_pb2.SamplingParams) -> SamplingSpec:
@@ -101,6 +107,56 @@ def weight_format(value: int) -> WeightFormat:
         return WeightFormat(value)
     except ValueError as exc:
         raise InvalidArgument(f"unknown weight format {value}", field="format") from exc
+
+
+def weight_transport(value: int) -> WeightTransport:
+    try:
+        return WeightTransport(value)
+    except ValueError as exc:
+        raise InvalidArgument(f"unknown weight transport {value}", field="transport") from exc
+
+
+def open_weight_channel(
+    msg: rollout_pb2.OpenWeightChannelRequest,
+) -> tuple[WeightTransport, GroupSpec | None]:
+    """(transport, the group to join for TORCH_DISTRIBUTED, else None)."""
+    transport = weight_transport(msg.transport)
+    if transport != WeightTransport.TORCH_DISTRIBUTED:
+        return transport, None
+    spec = GroupSpec(
+        init_method=msg.init_method,
+        rank=msg.rank,
+        world_size=msg.world_size,
+        backend=msg.backend or "gloo",
+        timeout_s=msg.timeout_seconds or DEFAULT_JOIN_TIMEOUT_S,
+    )
+    return transport, spec
+
+
+def channel_manifest(msg: rollout_pb2.UpdateWeightsFromChannelRequest) -> ChannelManifest:
+    return ChannelManifest(
+        version=msg.version,
+        format=weight_format(msg.format),
+        tensors=tuple(
+            TensorLayout(t.name, t.dtype, tuple(t.shape), t.bucket, t.offset, t.nbytes) for t in msg.tensors
+        ),
+        bucket_bytes=tuple(msg.bucket_bytes),
+        adapter_config_json=msg.adapter_config_json,
+        bucket_files=tuple(msg.bucket_files),
+    )
+
+
+def update_weights_from_channel_response(
+    applied: ChannelApplied,
+) -> rollout_pb2.UpdateWeightsFromChannelResponse:
+    return rollout_pb2.UpdateWeightsFromChannelResponse(
+        policy_version=applied.policy_version,
+        bytes_received=applied.bytes_received,
+        tensors_loaded=applied.tensors_loaded,
+        transfer_seconds=applied.transfer_seconds,
+        apply_seconds=applied.apply_seconds,
+        transport=int(applied.transport),
+    )
 
 
 def generate_response(results: Iterable[CompletionResult]) -> rollout_pb2.GenerateResponse:
@@ -195,4 +251,8 @@ def status_response(status: StatusInfo) -> rollout_pb2.GetStatusResponse:
         memory=memory_usage(status.memory),
         max_model_len=status.max_model_len,
         weight_format=int(status.weight_format),
+        weight_transport=int(status.weight_transport),
+        weight_transports=[int(t) for t in status.weight_transports],
+        weight_shm_dir=status.weight_shm_dir,
+        weight_shm_token=status.weight_shm_token,
     )

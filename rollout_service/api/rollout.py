@@ -35,5 +35,19 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def WakeUp(self, request, context) -> rollout_pb2.WakeUpResponse:
         return convert.wake_up_response(await self._core.wake_up(list(request.tags)))
 
+    async def OpenWeightChannel(self, request, context) -> rollout_pb2.OpenWeightChannelResponse:
+        transport = await self._core.open_weight_channel(*convert.open_weight_channel(request))
+        return rollout_pb2.OpenWeightChannelResponse(transport=int(transport))
+
+    async def UpdateWeightsFromChannel(
+        self, request, context
+    ) -> rollout_pb2.UpdateWeightsFromChannelResponse:
+        applied = await self._core.update_weights_from_channel(convert.channel_manifest(request))
+        return convert.update_weights_from_channel_response(applied)
+
+    async def CloseWeightChannel(self, request, context) -> rollout_pb2.CloseWeightChannelResponse:
+        await self._core.close_weight_channel()
+        return rollout_pb2.CloseWeightChannelResponse()
+
     async def GetStatus(self, request, context) -> rollout_pb2.GetStatusResponse:
         return convert.status_response(self._core.status())

@@ -32,12 +32,27 @@ from rollout_service.core.types import (
     WeightFormat,
     WeightPayload,
     WeightsApplied,
+    WeightTransport,
 )
 from rollout_service.core.validation import RequestValidator, check_completions
 from rollout_service.core.versioning import ReadWriteLock, UpdatePause, VersionState
+from rollout_service.core.weight_channel import (
+    ChannelApplied,
+    ChannelManifest,
+    WeightChannel,
+    check_manifest,
+    tensors_in_buckets,
+)
 from rollout_service.engines.base import Engine
+from rollout_service.engines.torch_group import GroupSpec
 from rollout_service.settings import EpisodeSettings
-from rollout_service.weights import ParamCatalog, ValidatedUpdate, read_directory, validate_payload
+from rollout_service.weights import (
+    ParamCatalog,
+    ValidatedUpdate,
+    read_directory,
+    validate_payload,
+    validate_tensors,
+)
 
 
 class RolloutCore:
@@ -65,6 +80,7 @@ class RolloutCore:
         max_batch_rows: int = 256,
         environments: Mapping[str, EnvironmentBackend] | None = None,
         episode_settings: EpisodeSettings | None = None,
+        weight_channel: WeightChannel | None = None,
         partial_segment_tokens: int = 8,
     ) -> None:
         self.engine = engine
@@ -83,6 +99,9 @@ class RolloutCore:
         self.generates_in_flight = 0
         self.weights_root = Path(weights_root).resolve()
         self.max_weight_bytes = max_weight_bytes or catalog.max_payload_bytes
+        # The weight data plane (default: no shared memory; a group can still be joined).
+        self.channel = weight_channel or WeightChannel(None, engine.device)
+        self._channel_lock = asyncio.Lock()
         self.versions = VersionState()
         self.sleep_state = SleepState()
         self._lock = ReadWriteLock()
@@ -106,6 +125,7 @@ class RolloutCore:
     async def close(self) -> None:
         await self._scheduler.close()
         await self.episodes.close()
+        await asyncio.to_thread(self.channel.shutdown)
         await asyncio.to_thread(self.engine.close)
 
     # --------------------------------------------------------------- generate
@@ -222,6 +242,62 @@ class RolloutCore:
         )
         return await self._apply(update)
 
+    async def open_weight_channel(
+        self, transport: WeightTransport, spec: GroupSpec | None
+    ) -> WeightTransport:
+        """Join the trainer's data plane (a second Open replaces the first); joining a group runs in
+        a thread, for at most ``spec.timeout_s``."""
+        self.channel.check_open(transport, spec)
+        async with self._channel_lock:
+            if transport == WeightTransport.SHARED_MEMORY:
+                self.channel.open_shared_memory()
+            else:
+                assert spec is not None
+                await asyncio.to_thread(self.channel.join_group, spec)
+        return self.channel.transport
+
+    async def close_weight_channel(self) -> None:
+        async with self._channel_lock:
+            await asyncio.to_thread(self.channel.close)
+
+    async def update_weights_from_channel(self, manifest: ChannelManifest) -> ChannelApplied:
+        """Take the buckets off the open channel, validate them as an update, apply (all-or-nothing).
+
+        The manifest is checked before any byte moves; refused then on a group, the channel is left
+        (the trainer's broadcast fails at once instead of waiting for this replica). The tensors are
+        views into the buckets, validated by the same path as UpdateWeights' payload."""
+        start = time.perf_counter()
+        transport = self.channel.require()
+        try:
+            self.versions.check_next(manifest.version)
+            self.sleep_state.check_weight_update()
+            check_manifest(manifest, self.max_weight_bytes, self.catalog.shapes)
+        except Exception:
+            if transport == WeightTransport.TORCH_DISTRIBUTED:
+                await self.close_weight_channel()
+            raise
+        async with self._channel_lock:
+            buckets = await asyncio.to_thread(self.channel.receive, manifest)
+            arrived = time.perf_counter()
+            update = await asyncio.to_thread(
+                validate_tensors,
+                manifest.version,
+                manifest.format,
+                tensors_in_buckets(manifest, buckets),
+                manifest.adapter_config_json,
+                self.catalog,
+                manifest.total_bytes,
+            )
+            applied = await self._apply(update, arrived)
+        return ChannelApplied(
+            applied.policy_version,
+            applied.tensors_loaded,
+            manifest.total_bytes,
+            arrived - start,
+            applied.apply_seconds,
+            transport,
+        )
+
     async def _apply(self, update: ValidatedUpdate, start: float | None = None) -> WeightsApplied:
         """Apply under the exclusive lock; ``apply_seconds`` counts from ``start`` (default: now)."""
         start = time.perf_counter() if start is None else start
@@ -269,4 +345,8 @@ class RolloutCore:
             memory=memory.measure(),
             max_model_len=self.engine.max_model_len,
             weight_format=self.versions.weight_format,
+            weight_transport=self.channel.transport,
+            weight_transports=self.channel.supported,
+            weight_shm_dir=str(self.channel.shm.directory) if self.channel.shm else "",
+            weight_shm_token=self.channel.shm.token if self.channel.shm else "",
         )

@@ -27,6 +27,15 @@ class WeightFormat(enum.IntEnum):
     STATE_DICT = 2
 
 
+class WeightTransport(enum.IntEnum):
+    """How a weight update's bytes travel (values equal the protobuf enum's)."""
+
+    UNSPECIFIED = 0
+    GRPC_STREAM = 1
+    SHARED_MEMORY = 2
+    TORCH_DISTRIBUTED = 3
+
+
 @dataclass(frozen=True)
 class SamplingSpec:
     """Validated sampling parameters of one Generate call.
@@ -220,6 +229,12 @@ class StatusInfo:
     memory: MemoryUsage
     max_model_len: int
     weight_format: WeightFormat
+    # The transport the next weight push uses, those this replica can join, and its shared-memory
+    # directory and token (empty without one).
+    weight_transport: WeightTransport = WeightTransport.GRPC_STREAM
+    weight_transports: tuple[WeightTransport, ...] = (WeightTransport.GRPC_STREAM,)
+    weight_shm_dir: str = ""
+    weight_shm_token: str = ""
 
 
 @dataclass(frozen=True)

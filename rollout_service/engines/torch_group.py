@@ -1,0 +1,113 @@
+"""A torch.distributed group of its own for broadcasting weight buckets, outside the default group.
+
+The trainer may itself run in an accelerate / FSDP default process group, and a rollout replica has
+none, so neither ``init_process_group`` nor ``new_group`` fits: the group is built directly from a
+``TCPStore`` (the trainer, rank 0, hosts it at ``tcp://host:port``) and a ``ProcessGroupGloo`` (CPU
+tensors) or ``ProcessGroupNCCL`` (CUDA tensors) on it, the way vLLM's ``StatelessProcessGroup``
+and TRL's ``vllm-serve`` weight sync do. Every call here blocks; callers run them in a thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import torch
+import torch.distributed as dist
+
+from grpo_runtime.errors import FailedPrecondition, InvalidArgument
+
+BACKENDS = ("gloo", "nccl")
+STORE_PREFIX = "grpo-weights"
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Where the group meets and who is who: rank 0 is the sender."""
+
+    init_method: str
+    rank: int
+    world_size: int
+    backend: str = "gloo"
+    timeout_s: float = 60.0
+
+    def address(self) -> tuple[str, int]:
+        """(host, port) of ``tcp://host:port``; INVALID_ARGUMENT(init_method) otherwise."""
+        try:
+            parts = urlsplit(self.init_method)
+            host, port = parts.hostname, parts.port
+        except ValueError as exc:
+            raise InvalidArgument(
+                f"{self.init_method!r} is not tcp://host:port", field="init_method"
+            ) from exc
+        if parts.scheme != "tcp" or not host or not port or parts.path not in ("", "/"):
+            raise InvalidArgument(f"{self.init_method!r} is not tcp://host:port", field="init_method")
+        return host, port
+
+    def check(self) -> None:
+        """Refuse an inconsistent spec before anything connects."""
+        self.address()
+        if self.world_size < 2:
+            raise InvalidArgument(
+                f"world_size {self.world_size}: the trainer and >= 1 replica", field="world_size"
+            )
+        if not 0 <= self.rank < self.world_size:
+            raise InvalidArgument(f"rank {self.rank} is not in [0, {self.world_size})", field="rank")
+        if self.backend not in BACKENDS:
+            raise InvalidArgument(f"backend {self.backend!r} is none of {list(BACKENDS)}", field="backend")
+        if not 0 < self.timeout_s <= 3600:
+            raise InvalidArgument(f"timeout {self.timeout_s} s is not in (0, 3600]", field="timeout_seconds")
+        if self.backend == "nccl" and not (torch.cuda.is_available() and hasattr(dist, "ProcessGroupNCCL")):
+            raise FailedPrecondition("backend nccl needs CUDA and a torch built with NCCL")
+
+
+class BroadcastGroup:
+    """A joined group; :meth:`broadcast` sends (rank 0) or receives (others) one flat buffer.
+
+    ``device``: where buffers live (CPU for gloo, the CUDA device for nccl).
+    """
+
+    def __init__(self, spec: GroupSpec, device: torch.device | str = "cpu") -> None:
+        """Join the group (blocks until every rank joined or ``spec.timeout_s`` passed, then
+        FAILED_PRECONDITION)."""
+        spec.check()
+        host, port = spec.address()
+        timeout = datetime.timedelta(seconds=spec.timeout_s)
+        self.spec = spec
+        self.device = torch.device(device if spec.backend == "nccl" else "cpu")
+        try:
+            self._store = dist.TCPStore(
+                host, port, spec.world_size, spec.rank == 0, timeout=timeout, wait_for_workers=False
+            )
+            store = dist.PrefixStore(STORE_PREFIX, self._store)
+            if spec.backend == "nccl":
+                self._group = dist.ProcessGroupNCCL(store, spec.rank, spec.world_size, timeout)
+            else:
+                self._group = dist.ProcessGroupGloo(store, spec.rank, spec.world_size, timeout)
+        except (RuntimeError, dist.DistError) as exc:
+            raise FailedPrecondition(
+                f"could not join the weight group at {spec.init_method} as rank {spec.rank} of "
+                f"{spec.world_size} within {spec.timeout_s:g} s ({exc})"
+            ) from exc
+
+    def broadcast(self, buffer: torch.Tensor) -> None:
+        """Broadcast ``buffer`` from rank 0 (in place on the other ranks). A peer that left or a
+        timeout raises FAILED_PRECONDITION."""
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        try:
+            self._group.broadcast([buffer], options).wait()
+        except (RuntimeError, dist.DistError) as exc:
+            raise FailedPrecondition(f"the weight group broke during a broadcast ({exc})") from exc
+        if buffer.is_cuda:
+            torch.cuda.synchronize(buffer.device)
+
+    def close(self) -> None:
+        """Leave the group (its peers' pending broadcasts fail instead of waiting)."""
+        group, self._group = self._group, None
+        if group is not None and hasattr(group, "abort"):
+            with contextlib.suppress(RuntimeError):
+                group.abort()
+        self._store = None
