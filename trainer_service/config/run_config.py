@@ -252,6 +252,10 @@ class TrainingConfig(_Strict):
     # Overlap generation of the next batch with the optimizer step (bounded by max_staleness versions).
     async_rollout: bool = False
     max_staleness: int = Field(default=1, ge=0)
+    # Async mode: a weight push pauses the prefetch in flight, which continues with the new weights (partial
+    # rollouts); tokens more than max_staleness versions old get zero loss weight. false: a too-stale
+    # prefetch is dropped whole and regenerated, and a push waits for the prefetch in flight.
+    partial_rollouts: bool = True
     # Rollout importance-sampling correction (ratio of trainer to sampler log-probs): "on", "off" (sync mode
     # only), or "auto" = on in async mode, with weight sync off, a vLLM engine or a bf16/fp16 trainer;
     # otherwise (sync, fp32 HF engine: exactly on-policy) skipped while a check on the first and every 50th

@@ -22,6 +22,13 @@ Design (single process):
   ``v = c - 1`` (generated from the weights before step s-1's optimizer step) and is accepted;
   ``max_staleness: 0`` drops every such prefetch, so it trains exactly like the synchronous loop (at the cost
   of the wasted generation).
+* **Partial rollouts** (``training.partial_rollouts``, default on). A prefetch asks the service to continue
+  across weight updates: the push after step s no longer waits for step s+1's prefetch, the prefetch pauses at
+  a token boundary, takes the new weights and goes on, and every token carries the version that sampled it.
+  The bound then holds per token (:mod:`trainer_service.rollout.token_staleness`): tokens more than
+  ``max_staleness`` versions behind get zero loss weight, the rest train, and no batch is thrown away for
+  staleness (``async/discarded`` stays 0). Off: the batch-level rule above, and a push waits for the
+  prefetch in flight.
 * **Importance sampling.** The rollout logprobs (under the generating version's weights) are returned to TRL,
   whose importance-sampling correction (``vllm_importance_sampling_correction`` in the variant trainer)
   reweights the loss by ``π_θ / π_rollout`` per token, which is what makes a 1-step-stale batch unbiased.
@@ -55,6 +62,7 @@ from grpo_runtime.prompt_groups import prompt_key
 from trainer_service.rollout.core_borrowing import CoreBorrowing
 from trainer_service.rollout.replicas import RolloutUnavailable
 from trainer_service.rollout.service_rollout import ServiceRollout
+from trainer_service.rollout.token_staleness import TokenStaleness, bound_tokens
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +117,11 @@ class AsyncStats:
     stale_dropped: int = 0  # completions generated but never trained on (too stale)
     staleness: int = 0  # staleness of the latest trained batch, in versions
     max_staleness_seen: int = 0
+    discarded: int = 0  # completions thrown away whole for staleness (the batch-level rule only)
+    partial_completions: int = 0  # trained completions whose tokens came from more than one version
+    masked_tokens: int = 0  # tokens given zero loss weight by the per-token bound
+    max_token_staleness: int = 0  # largest lag of any prefetched token
+    tokens: TokenStaleness | None = None  # the latest trained prefetch (partial rollouts)
 
 
 class AsyncServiceRollout:
@@ -117,13 +130,22 @@ class AsyncServiceRollout:
     ``inner`` is the synchronous :class:`ServiceRollout` (client, weight sync, sampling); this class adds the
     lookahead, the background generation and the staleness bound ``max_staleness`` (versions). ``cores``:
     the trainer's thread count follows the prefetches (a rollout service on the same CPU machine), or None.
+    ``partial``: prefetches continue across weight updates and the bound holds per token (module docstring).
     """
 
-    def __init__(self, inner: ServiceRollout, max_staleness: int, cores: CoreBorrowing | None = None):
+    def __init__(
+        self,
+        inner: ServiceRollout,
+        max_staleness: int,
+        cores: CoreBorrowing | None = None,
+        *,
+        partial: bool = True,
+    ):
         if max_staleness < 0:
             raise ValueError("max_staleness must be >= 0")
         self.inner = inner
         self.max_staleness = max_staleness
+        self.partial = partial
         self.cores = cores
         self.stats = AsyncStats()
         self.issued: deque[int] = deque()
@@ -208,6 +230,8 @@ class AsyncServiceRollout:
             self.stats.stale_dropped += len(completions)
             return None
         current = sync.current_version if sync.enabled else sync.follow_service_version(trainer)
+        if self.partial:
+            return self._bounded_per_token(completions, int(current))
         versions = [int(c.policy_version) for c in completions]
         decision = judge_staleness(versions, int(current), self.max_staleness)
         if not decision.accept:
@@ -218,6 +242,7 @@ class AsyncServiceRollout:
                 self.max_staleness,
             )
             self.stats.stale_dropped += len(completions)
+            self.stats.discarded += len(completions)
             self.stats.prefetch_misses += 1
             return None
         self.stats.prefetch_hits += 1
@@ -225,6 +250,25 @@ class AsyncServiceRollout:
         self.stats.max_staleness_seen = max(self.stats.max_staleness_seen, decision.staleness)
         self.trainer_version = int(current)
         return self.inner.to_trl(completions, expected_version=None)
+
+    def _bounded_per_token(self, completions: list[Any], current: int) -> dict[str, list]:
+        """Train on the whole prefetch, each token weighted by the per-token bound at version ``current``."""
+        # A server without per-token versions: every token is of the completion's version.
+        versions = [
+            [int(v) for v in c.token_versions] or [int(c.policy_version)] * len(c.token_ids)
+            for c in completions
+        ]
+        keep, summary = bound_tokens(versions, current, self.max_staleness)
+        stats = self.stats
+        stats.prefetch_hits += 1
+        stats.tokens = summary
+        stats.partial_completions += summary.partial_completions
+        stats.masked_tokens += summary.masked
+        stats.max_token_staleness = max(stats.max_token_staleness, summary.max_lag)
+        stats.staleness = current - min(int(c.policy_version) for c in completions)
+        stats.max_staleness_seen = max(stats.max_staleness_seen, stats.staleness)
+        self.trainer_version = current
+        return self.inner.to_trl(completions, expected_version=None, token_keep=keep)
 
     def _next_prompts(self, keys: list[str]) -> list[Any] | None:
         """The prompts of the batch after the one whose keys are ``keys``, from the recorded indices."""
@@ -263,7 +307,7 @@ class AsyncServiceRollout:
                 sync.wait_for_transfer()
                 if sync.enabled and sync.push_pending:
                     raise RolloutUnavailable(f"version {sync.current_version} did not reach the replicas")
-                future.set_result(self.inner.generate(prompts, step))
+                future.set_result(self.inner.generate(prompts, step, partial=self.partial))
             except BaseException as error:  # handed to the consuming step
                 future.set_exception(error)
 
@@ -278,8 +322,19 @@ class AsyncServiceRollout:
             "async/stale_dropped": self.stats.stale_dropped,
             "async/staleness": self.stats.staleness,
             "async/max_staleness_seen": self.stats.max_staleness_seen,
+            "async/discarded": self.stats.discarded,
             "trainer_version": self.trainer_version,
         }
+        if self.partial:
+            tokens = self.stats.tokens
+            metrics["async/partial_completions"] = self.stats.partial_completions
+            metrics["async/masked_tokens"] = self.stats.masked_tokens
+            metrics["async/max_token_staleness"] = self.stats.max_token_staleness
+            # The latest trained batch (a synchronous step: every token of lag 0, nothing masked).
+            fractions = tokens.lag_fractions() if tokens is not None else {0: 1.0}
+            for lag in range(self.max_staleness + 2):
+                metrics[f"async/tokens_lag{lag}"] = fractions.get(lag, 0.0)
+            metrics["async/max_trained_token_lag"] = tokens.max_trained_lag if tokens is not None else 0
         if self.cores is not None:
             metrics["async/cores_borrowed"] = self.cores.borrows
         return metrics

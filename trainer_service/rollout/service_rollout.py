@@ -108,13 +108,17 @@ class _Request:
     episodes: list[Any] | None = None  # one EpisodeSpec per prompt of a tool-using run
 
 
-def _generate_shard(client: Any, requests: list[_Request], runs: int) -> list[Any]:
-    """The completions of one shard's ``runs`` runs, in run order (each request's groups put in place)."""
+def _generate_shard(client: Any, requests: list[_Request], runs: int, partial: bool = False) -> list[Any]:
+    """The completions of one shard's ``runs`` runs, in run order (each request's groups put in place).
+
+    ``partial``: the calls may continue across weight updates (``continue_across_updates``)."""
     results: list[list[Any]] = [[] for _ in range(runs)]
     for request in requests:
-        episodes = {"episodes": request.episodes} if request.episodes else {}
+        extra: dict[str, Any] = {"episodes": request.episodes} if request.episodes else {}
+        if partial:
+            extra["continue_across_updates"] = True
         completions = list(
-            client.generate(request.prompts, n=request.count, sampling=request.sampling, **episodes)
+            client.generate(request.prompts, n=request.count, sampling=request.sampling, **extra)
         )
         if len(completions) != request.count * len(request.indices):
             raise RuntimeError(
@@ -186,8 +190,11 @@ class ServiceRollout:
             logger=log,
         )
 
-    def generate(self, prompts: list[Any], step: int) -> list[Any]:
+    def generate(self, prompts: list[Any], step: int, *, partial: bool = False) -> list[Any]:
         """Completions of ``prompts`` in input order, each run of equal prompts sampled on one replica.
+
+        ``partial``: a weight push during the generation pauses it and the rest is sampled by the new
+        weights (partial rollouts; each completion's ``token_versions`` says which version sampled what).
 
         The runs are cut into contiguous shards over the replicas in ``sync.ready`` (near-equal completion
         counts, :func:`~trainer_service.rollout.replicas.shard_bounds`), generated concurrently and joined.
@@ -204,7 +211,9 @@ class ServiceRollout:
         clients = [self.client.client(replica.address) for replica in replicas[: len(bounds)]]
         outcomes = settle(
             [
-                lambda client=client, shard=shard, size=end - start: _generate_shard(client, shard, size)
+                lambda client=client, shard=shard, size=end - start: _generate_shard(
+                    client, shard, size, partial
+                )
                 for client, shard, (start, end) in zip(clients, shards, bounds, strict=True)
             ]
         )
@@ -232,10 +241,17 @@ class ServiceRollout:
         """Policy version of the completions of the latest generation (None before the first)."""
         return max(self.last_versions) if self.last_versions else None
 
-    def to_trl(self, completions: list[Any], expected_version: int | None) -> dict[str, list]:
+    def to_trl(
+        self,
+        completions: list[Any],
+        expected_version: int | None,
+        token_keep: list[list[int]] | None = None,
+    ) -> dict[str, list]:
         """Check versions and convert to the dict TRL expects (lists of lists of ints/floats).
 
         ``expected_version`` None: the caller has already bounded the versions (async staleness check).
+        ``token_keep`` (partial rollouts): per completion token, 1 = trains, 0 = zero loss weight (too stale,
+        :mod:`~trainer_service.rollout.token_staleness`); multiplied into TRL's ``env_mask``.
         """
         for index, completion in enumerate(completions):
             version = int(completion.policy_version)
@@ -259,4 +275,10 @@ class ServiceRollout:
             out.update(episode_fields(completions))
             fill_empty_completions(out, self.episodes.end_token_id)
             self.last_tool_metrics = tool_metrics(completions)
+        if token_keep is not None:
+            masks = out.get("env_mask") or [[1] * len(ids) for ids in out["completion_ids"]]
+            out["env_mask"] = [
+                [m * k for m, k in zip(mask, keep, strict=True)] + mask[len(keep) :]
+                for mask, keep in zip(masks, token_keep, strict=True)
+            ]
         return out

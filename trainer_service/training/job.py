@@ -364,7 +364,7 @@ def _train(
         if shares_cores_with_rollout(config, settings.device.type, endpoints.rollout.target):
             cores = CoreBorrowing(share=overlap_threads()[0], total=cpu_cores())
             stack.callback(cores.detach)
-        rollout = AsyncServiceRollout(rollout, t.max_staleness, cores)
+        rollout = AsyncServiceRollout(rollout, t.max_staleness, cores, partial=t.partial_rollouts)
 
     stop = StopCallback(stop_flag)
     sync_callback = WeightSyncCallback(sync)

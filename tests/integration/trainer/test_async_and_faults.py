@@ -50,6 +50,7 @@ def test_async_rollout_never_trains_beyond_the_staleness_bound(
         max_steps=steps,
         async_rollout=True,
         max_staleness=max_staleness,
+        partial_rollouts=False,  # the batch-level rule (test_partial_rollouts.py: the per-token one)
     )
     result = run_job(parse_config(config))
 

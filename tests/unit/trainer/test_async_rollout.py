@@ -116,7 +116,7 @@ def prefetching(rollout: AsyncServiceRollout, release: threading.Event, seen: li
     """Issue batches [a,a,b,b] and [c,c,d,d] and start the prefetch of the second; its generation records the
     sync state it started from, then waits for ``release``."""
 
-    def generate(prompts, step):
+    def generate(prompts, step, partial=False):
         seen.append((list(prompts), torch.get_num_threads()))
         assert release.wait(timeout=10)
         return []

@@ -1,0 +1,65 @@
+"""The per-token staleness bound of partial rollouts: the keep mask, the batch summary, and what an async
+prefetch that spanned weight updates hands to TRL."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from trainer_service.rollout.async_rollout import AsyncServiceRollout
+from trainer_service.rollout.service_rollout import SamplingConfig, ServiceRollout
+from trainer_service.rollout.token_staleness import bound_tokens, token_keep_mask
+from trainer_service.rollout.weight_sync import WeightSync
+
+
+@pytest.mark.parametrize(
+    ("versions", "current", "bound", "keep"),
+    [
+        ([3, 3, 4, 4], 4, 1, [1, 1, 1, 1]),
+        ([3, 3, 4, 4], 4, 0, [0, 0, 1, 1]),
+        ([2, 3, 4], 4, 1, [0, 1, 1]),
+        ([4, 5], 4, 3, [1, 0]),  # newer than the trainer's weights: foreign, never trained on
+        ([], 4, 1, []),
+    ],
+)
+def test_keep_mask_bounds_every_token(versions, current, bound, keep):
+    assert token_keep_mask(versions, current, bound) == keep
+
+
+def test_summary_counts_lags_masked_tokens_and_completions_that_spanned_an_update():
+    masks, summary = bound_tokens([[3, 3, 4], [4, 4], [2, 3]], current=4, max_staleness=1)
+    assert masks == [[1, 1, 1], [1, 1], [0, 1]]
+    assert summary.lag_counts == {1: 3, 0: 3, 2: 1} and summary.tokens == 7
+    assert summary.masked == 1 and summary.partial_completions == 2
+    assert summary.max_lag == 2 and summary.max_trained_lag == 1
+    assert sum(summary.lag_fractions().values()) == pytest.approx(1.0)
+
+
+def completion(versions: list[int]) -> SimpleNamespace:
+    return SimpleNamespace(
+        prompt_token_ids=[1, 2],
+        token_ids=list(range(10, 10 + len(versions))),
+        logprobs=[-0.5] * len(versions),
+        policy_version=min(versions),
+        token_versions=versions,
+    )
+
+
+def test_a_prefetch_spanning_an_update_trains_whole_with_stale_tokens_masked():
+    inner = ServiceRollout(
+        client=None,
+        sync=WeightSync(client=None),
+        sampling=SamplingConfig(temperature=1.0, top_p=1.0, max_tokens=4),
+        num_generations=2,
+    )
+    rollout = AsyncServiceRollout(inner, max_staleness=0)
+    out = rollout._bounded_per_token([completion([6, 6, 7, 7]), completion([7, 7, 7])], current=7)
+    assert out["env_mask"] == [[0, 0, 1, 1], [1, 1, 1]]  # zero loss weight on the stale head, nothing dropped
+    assert out["completion_ids"] == [[10, 11, 12, 13], [10, 11, 12]]
+    metrics = rollout.metrics()
+    assert metrics["async/discarded"] == 0 and metrics["async/prefetch_hits"] == 1
+    assert metrics["async/partial_completions"] == 1 and metrics["async/masked_tokens"] == 2
+    assert metrics["async/tokens_lag0"] == pytest.approx(5 / 7)
+    assert metrics["async/tokens_lag1"] == pytest.approx(2 / 7)
+    assert metrics["async/max_token_staleness"] == 1 and metrics["async/max_trained_token_lag"] == 0
