@@ -64,6 +64,8 @@ class RewardService:
     judges: dict[str, RemoteJudge] = field(default_factory=dict)
 
     def bindings(self) -> list[ServiceBinding]:
+        # OpenRLHF's HTTP protocol, scored by the same scorer (http.port / --http-port), counted on /metrics.
+        http = HttpEndpoint(self.scorer, self.settings.http) if self.settings.http.port is not None else None
         bindings = [
             ServiceBinding(
                 servicer=RewardServicer(
@@ -75,10 +77,8 @@ class RewardService:
                 ),
                 add_to_server=reward_pb2_grpc.add_RewardServiceServicer_to_server,
                 descriptor=reward_pb2.DESCRIPTOR.services_by_name["RewardService"],
-                # OpenRLHF's HTTP protocol, scored by the same scorer (http.port / --http-port).
-                companions=(HttpEndpoint(self.scorer, self.settings.http),)
-                if self.settings.http.port is not None
-                else (),
+                companions=(http,) if http is not None else (),
+                collectors=(http.metrics,) if http is not None else (),
             )
         ]
         if self.environments is not None:

@@ -22,6 +22,7 @@ from grpo_runtime.server import BindError
 from reward_service.core.bounds import reward_bounds
 from reward_service.core.scorer import Scorer
 from reward_service.http import openrlhf
+from reward_service.http.metrics import HttpMetrics
 from reward_service.http.settings import HttpSettings
 
 log = logging.getLogger(__name__)
@@ -48,12 +49,13 @@ def _status_of(exc: ServiceError) -> tuple[int, dict[str, str] | None]:
 
 
 class RewardHttpApi:
-    """The aiohttp application: converts JSON ↔ domain objects and awaits the scorer."""
+    """The aiohttp application: converts JSON ↔ domain objects and awaits the scorer; ``metrics`` counts
+    every request."""
 
-    def __init__(self, scorer: Scorer, settings: HttpSettings):
+    def __init__(self, scorer: Scorer, settings: HttpSettings, metrics: HttpMetrics):
         self._scorer = scorer
         self._settings = settings
-        self.app = web.Application(client_max_size=settings.max_body_bytes)
+        self.app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[metrics.middleware])
         self.app.router.add_post("/get_reward", self.get_reward)
         self.app.router.add_get("/health", self.health)
 
@@ -94,12 +96,14 @@ def _ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
 
 class HttpEndpoint:
     """The API as a companion of the gRPC server (``grpo_runtime.server.Companion``): on the server's host,
-    with its TLS files, stopped with it."""
+    with its TLS files, stopped with it. ``metrics`` is the collector the server exports (the binding's
+    ``collectors``)."""
 
     def __init__(self, scorer: Scorer, settings: HttpSettings):
         if settings.port is None:
             raise ValueError("HttpEndpoint needs http.port")
-        self._api = RewardHttpApi(scorer, settings)
+        self.metrics = HttpMetrics()
+        self._api = RewardHttpApi(scorer, settings, self.metrics)
         self._requested_port = settings.port
         self._runner: web.AppRunner | None = None
         self.port: int | None = None

@@ -111,6 +111,47 @@ def test_object_labels_are_metadata_and_unscored_samples_get_missing_reward(url)
     assert body["extra_logs"]["reward_missing"] == [0.0, 1.0]
 
 
+def test_requests_are_counted_on_the_servers_metrics_registry(server, url):
+    """Every request is counted by route, method and status with its latency, on the registry the server's
+    /metrics exports; paths the router does not know share one label."""
+    registry = server.metrics.registry
+
+    def count(path: str, method: str, code: str) -> float:
+        labels = {"path": path, "method": method, "code": code}
+        return registry.get_sample_value("grpo_http_requests_total", labels) or 0.0
+
+    def timed(path: str, method: str) -> float:
+        labels = {"path": path, "method": method}
+        return registry.get_sample_value("grpo_http_request_duration_seconds_count", labels) or 0.0
+
+    before = {
+        "ok": count("/get_reward", "POST", "200"),
+        "bad": count("/get_reward", "POST", "400"),
+        "health": count("/health", "GET", "200"),
+        "unknown": count("unmatched", "GET", "404"),
+        "wrong_method": count("unmatched", "POST", "405"),
+        "timed": timed("/get_reward", "POST"),
+    }
+    assert post(url, {"query": QUERIES, "prompts": PROMPTS, "labels": LABELS}).status_code == 200
+    assert requests.post(f"{url}/get_reward", data=b"{", timeout=60).status_code == 400
+    assert requests.get(f"{url}/health", timeout=60).status_code == 200
+    for i in range(3):  # hostile paths: one label between them
+        assert requests.get(f"{url}/no-such-path-{i}", timeout=60).status_code == 404
+    assert requests.post(f"{url}/health", timeout=60).status_code == 405
+    after = {
+        "ok": count("/get_reward", "POST", "200"),
+        "bad": count("/get_reward", "POST", "400"),
+        "health": count("/health", "GET", "200"),
+        "unknown": count("unmatched", "GET", "404"),
+        "wrong_method": count("unmatched", "POST", "405"),
+        "timed": timed("/get_reward", "POST"),
+    }
+    deltas = {key: after[key] - before[key] for key in before}
+    assert deltas == {"ok": 1, "bad": 1, "health": 1, "unknown": 3, "wrong_method": 1, "timed": 2}
+    assert registry.get_sample_value("grpo_http_in_flight", {"path": "/get_reward", "method": "POST"}) == 0
+    assert not [s for m in registry.collect() for s in m.samples if "no-such-path" in str(s.labels)]
+
+
 def test_health(url):
     reply = requests.get(f"{url}/health", timeout=10)
     assert reply.status_code == 200 and reply.json()["status"] == "SERVING"
