@@ -142,7 +142,16 @@ class UpdatePause:
 
     def pause(self) -> int:
         """Let the waiting updates apply; returns the version serving afterwards (also ``self.version``)."""
-        asyncio.run_coroutine_threadsafe(self._lock.yield_to_updates(), self._loop).result()
+        done = asyncio.run_coroutine_threadsafe(self._lock.yield_to_updates(), self._loop)
+        while True:
+            try:
+                done.result(timeout=1.0)
+                break
+            except TimeoutError:
+                # The update is still applying; a loop that stopped meanwhile (shutdown) never resumes us.
+                if self._loop.is_closed() or not self._loop.is_running():
+                    done.cancel()
+                    raise RuntimeError("the service shut down while generation was paused") from None
         self.pauses += 1
         self.version = self._served_version()
         return self.version

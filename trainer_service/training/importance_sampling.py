@@ -37,6 +37,13 @@ own forward, about a fifth of a CPU step, skipping also saves that forward). `re
 and the first check that exceeds it (a bf16 engine, another model on the service, a replica that differs)
 turns the correction on for the rest of the run, with a warning. Async rollout is never exact: a batch
 generated during the previous step comes from weights one version behind, so there it is always `on`.
+
+Per token: the ratio is formed token by token from the rollout logprob of each token, and with partial
+rollouts a completion's tokens may come from several versions (`Completion.token_versions`); the rollout
+service gives each token the logprob of the weights that sampled it (it recomputes the prefix under new
+weights, `rollout_service/engines/hf.py`), so ρ_t = π_θold(t) / π_{v_t}(t) corrects each token for its own
+sampler. Tokens beyond the staleness bound carry zero weight in the mask the ratio and its sequence-level
+modes are taken over (`trainer_service/rollout/token_staleness.py`).
 """
 
 from __future__ import annotations
