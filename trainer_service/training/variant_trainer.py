@@ -1,5 +1,6 @@
 """`trl.GRPOTrainer` subclasses that train with one of the loss variants (`VariantLossMixin` + a TRL base),
-with optional DAPO dynamic sampling (`DynamicSamplingMixin`, constructor argument ``dynamic_sampling``)."""
+with optional DAPO dynamic sampling (`DynamicSamplingMixin`, constructor argument ``dynamic_sampling``) and
+FSDP2 on CPU processes (`CpuFsdpMixin`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import functools
 from trl import GRPOTrainer
 
 from trainer_service.config.variants import VARIANTS, normalize_variant
+from trainer_service.training.cpu_fsdp import CpuFsdpMixin
 from trainer_service.training.dynamic_sampling import DynamicSamplingMixin
 from trainer_service.training.variant_loss import VariantLossMixin
 
@@ -17,7 +19,7 @@ def _variant_class(name: str, base: type) -> type:
     cls = type(
         f"{base.__name__}_{name}",
         # Dynamic sampling below the variant: the variant's per-batch work sees the merged batch.
-        (VariantLossMixin, DynamicSamplingMixin, base),
+        (VariantLossMixin, DynamicSamplingMixin, CpuFsdpMixin, base),
         {
             "grpo_variant": name,
             "__doc__": f"{base.__name__} training with loss variant {name!r}: {VARIANTS[name]}.",

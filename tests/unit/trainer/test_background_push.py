@@ -62,6 +62,7 @@ def trainer_with(model: torch.nn.Module) -> SimpleNamespace:
     accelerator = SimpleNamespace(
         num_processes=1,
         is_main_process=True,
+        is_fsdp2=False,
         get_state_dict=lambda m: m.state_dict(),
         unwrap_model=lambda m: m,
         wait_for_everyone=lambda: None,

@@ -1,0 +1,39 @@
+"""FSDP2 on CPU processes (gloo), which accelerate leaves out.
+
+accelerate turns its FSDP plugin on only for GPU-like distributed types: a multi-process CPU run
+(``MULTI_CPU``, gloo) with ``training.fsdp_config`` would silently train with DDP, every rank holding the
+whole model. torch's FSDP2 (``fully_shard``) runs on CPU over gloo, so :class:`CpuFsdpMixin` marks such a
+run FSDP right after the accelerator is created and before the model is prepared; accelerate then shards the
+model as it would on GPUs (``fsdp2_prepare_model``) and the trainer takes its FSDP paths (state dict,
+checkpoints). FSDP1 cannot run there (accelerate gives it a CPU compute device and a ``device_id`` that
+disagree), so ``fsdp_config.version: 1`` on CPU is refused.
+"""
+
+from __future__ import annotations
+
+from accelerate import PartialState
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+from grpo_runtime.config import ConfigError
+
+
+class CpuFsdpMixin:
+    """A ``transformers.Trainer`` mixin: a multi-process CPU run with FSDP arguments trains with FSDP2."""
+
+    def create_accelerator_and_postprocess(self) -> None:
+        super().create_accelerator_and_postprocess()
+        plugin_args = self.args.fsdp_plugin_args
+        if plugin_args is None or self.accelerator.distributed_type is not DistributedType.MULTI_CPU:
+            return
+        if plugin_args.get("fsdp_version") != 2:
+            raise ConfigError("FSDP on CPU processes needs FSDP2 (version: 2)", key="training.fsdp_config")
+        plugin = FullyShardedDataParallelPlugin(**plugin_args)
+        state = self.accelerator.state
+        if state.mixed_precision != "no":
+            plugin.set_mixed_precision(state.mixed_precision)
+        # What accelerate's AcceleratorState does for a GPU run with a plugin. PartialState too: every later
+        # AcceleratorState() copies its distributed type (both count as torch.distributed for collectives).
+        PartialState().distributed_type = DistributedType.FSDP
+        state.distributed_type = DistributedType.FSDP
+        state.fsdp_plugin = plugin
+        self.is_fsdp_enabled = True
