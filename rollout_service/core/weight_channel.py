@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument, PermissionDenied, ResourceExhausted
@@ -337,11 +338,23 @@ def plan_buckets(tensors: Mapping[str, torch.Tensor], bucket_bytes: int = DEFAUL
 def fill_bucket(
     bucket: torch.Tensor, plan: BucketPlan, index: int, tensors: Mapping[str, torch.Tensor]
 ) -> None:
-    """Copy the tensors of bucket ``index`` into ``bucket`` (flat uint8, on any device)."""
+    """Copy the tensors of bucket ``index`` into ``bucket`` (flat uint8, on any device).
+
+    CPU to CPU goes through numpy: one memcpy per tensor, single-threaded with the GIL released
+    (torch's ``copy_`` splits it over OpenMP threads, which spin on a busy machine)."""
     for layout in plan.layouts:
-        if layout.bucket == index:
-            target = bucket[layout.offset : layout.offset + layout.nbytes]
-            target.view(CHANNEL_DTYPES[layout.dtype]).view(layout.shape).copy_(tensors[layout.name])
+        if layout.bucket != index:
+            continue
+        target = bucket[layout.offset : layout.offset + layout.nbytes]
+        source = tensors[layout.name].detach()
+        if (
+            target.device.type == "cpu"
+            and source.device.type == "cpu"
+            and source.dtype == CHANNEL_DTYPES[layout.dtype]
+        ):
+            np.copyto(target.numpy(), source.contiguous().reshape(-1).view(torch.uint8).numpy())
+        else:
+            target.view(CHANNEL_DTYPES[layout.dtype]).view(layout.shape).copy_(source)
 
 
 # ---------------------------------------------------------------------------------- shared memory
