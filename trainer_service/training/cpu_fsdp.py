@@ -5,8 +5,8 @@ accelerate turns its FSDP plugin on only for GPU-like distributed types: a multi
 whole model. torch's FSDP2 (``fully_shard``) runs on CPU over gloo, so :class:`CpuFsdpMixin` marks such a
 run FSDP right after the accelerator is created and before the model is prepared; accelerate then shards the
 model as it would on GPUs (``fsdp2_prepare_model``) and the trainer takes its FSDP paths (state dict,
-checkpoints). FSDP1 cannot run there (accelerate gives it a CPU compute device and a ``device_id`` that
-disagree), so ``fsdp_config.version: 1`` on CPU is refused.
+checkpoints). accelerate's FSDP1 plugin refuses to start without an accelerator ("no available devices"),
+so ``fsdp_config.version: 1`` on CPU is refused up front, naming the key.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ class CpuFsdpMixin:
     """A ``transformers.Trainer`` mixin: a multi-process CPU run with FSDP arguments trains with FSDP2."""
 
     def create_accelerator_and_postprocess(self) -> None:
-        super().create_accelerator_and_postprocess()
         plugin_args = self.args.fsdp_plugin_args
+        if plugin_args is not None and self.args.use_cpu and plugin_args.get("fsdp_version") != 2:
+            # accelerate's FSDP1 plugin would fail with "no available devices found".
+            raise ConfigError("FSDP on CPU needs FSDP2 (version: 2)", key="training.fsdp_config")
+        super().create_accelerator_and_postprocess()
         if plugin_args is None or self.accelerator.distributed_type is not DistributedType.MULTI_CPU:
             return
-        if plugin_args.get("fsdp_version") != 2:
-            raise ConfigError("FSDP on CPU processes needs FSDP2 (version: 2)", key="training.fsdp_config")
         plugin = FullyShardedDataParallelPlugin(**plugin_args)
         state = self.accelerator.state
         if state.mixed_precision != "no":
