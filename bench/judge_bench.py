@@ -35,19 +35,18 @@ import asyncio
 import json
 import os
 import platform
-import statistics
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
-from prm_bench import token_stats, workload  # run as a script (bench/__main__.py): bench/ is on sys.path
+from batcher_modes import bench_modes  # run as a script (bench/__main__.py): bench/ is on sys.path
+from prm_bench import token_stats, workload
 from transformers import Qwen2ForCausalLM
 
 from reward_service.core.types import Sample
 from reward_service.models.registry import ModelRegistry
 from reward_service.models.settings import ModelSettings
-from reward_service.models.spec import ModelKind, ModelSpec
+from reward_service.models.spec import ModelKind
 from tiny_models.judge import judge_tokenizer
 from tiny_models.make import make_all, qwen2_config
 
@@ -81,101 +80,35 @@ def judge_workload(requests: int, samples: int, sentences: tuple[int, int]) -> l
     ]
 
 
-async def _round(
-    mode: str, registry: ModelRegistry, batches: list[list[Sample]]
-) -> tuple[float, float, list]:
-    started, cpu_started = time.perf_counter(), time.process_time()
+async def _score_round(mode: str, registry: ModelRegistry, batches: list[list[Sample]]) -> list:
     if mode == "one_sample_at_a_time":
-        results = [[(await registry.score(REWARD, [s], {}))[0] for s in batch] for batch in batches]
-    elif mode == "one_request_at_a_time":
-        results = [await registry.score(REWARD, batch, {}) for batch in batches]
-    else:
-        results = await asyncio.gather(*(registry.score(REWARD, b, {}) for b in batches))
-    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
-    assert all(r.error == "" for batch in results for r in batch)
-    return elapsed, cpu, [[r.value for r in batch] for batch in results]
-
-
-def _tokens(stats: dict[str, int]) -> int:
-    return stats["padded_tokens"] + stats["prefix_tokens"]
-
-
-def _max_diff(a: list, b: list) -> float:
-    return max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
+        return [[(await registry.score(REWARD, [s], {}))[0] for s in batch] for batch in batches]
+    if mode == "one_request_at_a_time":
+        return [await registry.score(REWARD, batch, {}) for batch in batches]
+    return await asyncio.gather(*(registry.score(REWARD, b, {}) for b in batches))
 
 
 async def bench_model(label: str, path: Path, threads: int, args: argparse.Namespace) -> dict:
     """Every mode on the same workload, rounds interleaved; per mode medians, tokens and value diffs."""
-    torch.set_num_threads(threads)
-    batches = judge_workload(args.requests, args.samples, tuple(args.question_sentences))
-    registries = {}
-    for mode, switches in MODES.items():
-        settings = ModelSettings(
-            max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms, **switches
-        )
-        registries[mode] = ModelRegistry(settings)
-        await registries[mode].load(ModelSpec(name="bench", path=str(path), kind=ModelKind.JUDGE))
-    rounds = args.large_rounds if label == "large" else args.rounds
-    times: dict[str, list[float]] = {mode: [] for mode in MODES}
-    cpu: dict[str, list[float]] = {mode: [] for mode in MODES}
-    values, tokens, forwards = {}, {}, {}
-    try:
-        for registry in registries.values():  # warm-up: first-call allocations, one request
-            await registry.score(REWARD, batches[0], {})
-        before = {mode: registry.batcher_stats("bench") for mode, registry in registries.items()}
-        order = list(MODES)
-        for index in range(rounds):
-            for mode in order[index % len(order) :] + order[: index % len(order)]:
-                elapsed, cpu_s, values[mode] = await _round(mode, registries[mode], batches)
-                times[mode].append(elapsed)
-                cpu[mode].append(cpu_s)
-        for mode, registry in registries.items():
-            after = registry.batcher_stats("bench")
-            tokens[mode] = (_tokens(after) - _tokens(before[mode])) / rounds
-            forwards[mode] = (after["forward_calls"] - before[mode]["forward_calls"]) / rounds
-    finally:
-        for registry in registries.values():
-            await registry.close()
-    modes = {}
-    base = statistics.median(times["one_request_at_a_time"])
-    base_cpu = statistics.median(cpu["one_request_at_a_time"])
-    per_sample = statistics.median(times["one_sample_at_a_time"])
-    for mode in MODES:
-        wall, cpu_s = statistics.median(times[mode]), statistics.median(cpu[mode])
-        modes[mode] = {
-            "median_s": wall,
-            "times_s": times[mode],
-            "median_cpu_s": cpu_s,
-            "forwards_per_round": forwards[mode],
-            "tokens_run_per_round": tokens[mode],
-            "speedup_vs_one_request_at_a_time": base / wall,
-            "speedup_vs_one_sample_at_a_time": per_sample / wall,
-            "cpu_time_ratio_vs_one_request_at_a_time": base_cpu / cpu_s,
-            "max_abs_value_diff_vs_one_request_at_a_time": _max_diff(
-                values[mode], values["one_request_at_a_time"]
-            ),
-        }
-        print(
-            f"{label:>6} threads={threads} {mode:>14}: {wall * 1000:8.1f} ms, "
-            f"{forwards[mode]:6.1f} forwards, "
-            f"{tokens[mode]:7.0f} tokens, speedup {base / wall:.2f}x (CPU {base_cpu / cpu_s:.2f}x), "
-            f"max |diff| {modes[mode]['max_abs_value_diff_vs_one_request_at_a_time']:.1e}",
-            flush=True,
-        )
-    worst = max(m["max_abs_value_diff_vs_one_request_at_a_time"] for m in modes.values())
-    assert worst <= 1e-5, f"a mode changed the values by {worst}"
-    return {
-        "model": label,
-        "torch_threads": threads,
-        "rounds": rounds,
-        "load_average_1m_after": os.getloadavg()[0],
-        "path": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
-        "modes": modes,
-        "speedup": modes["batched"]["speedup_vs_one_request_at_a_time"],
-        "speedup_vs_one_sample_at_a_time": modes["batched"]["speedup_vs_one_sample_at_a_time"],
-        "cpu_time_ratio": modes["batched"]["cpu_time_ratio_vs_one_request_at_a_time"],
-        "max_abs_value_diff": worst,
-    }
+    result = await bench_modes(
+        label,
+        path,
+        ModelKind.JUDGE,
+        threads,
+        MODES,
+        judge_workload(args.requests, args.samples, tuple(args.question_sentences)),
+        args,
+        baseline="one_request_at_a_time",
+        score_round=_score_round,
+        value_of=lambda score: score.value,
+        value_name="value",
+    )
+    modes = result["modes"]
+    per_sample = modes["one_sample_at_a_time"]["median_s"]
+    for mode in modes.values():
+        mode["speedup_vs_one_sample_at_a_time"] = per_sample / mode["median_s"]
+    result["speedup_vs_one_sample_at_a_time"] = modes["batched"]["speedup_vs_one_sample_at_a_time"]
+    return result
 
 
 async def main_async(args: argparse.Namespace) -> dict:

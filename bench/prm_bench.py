@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 import torch
+from batcher_modes import bench_modes  # run as a script (bench/__main__.py): bench/ is on sys.path
 from transformers import Qwen2ForTokenClassification
 
 from reward_service.core.types import Message, Sample
@@ -121,95 +122,26 @@ MODES = {
 }
 
 
-async def _round(registry: ModelRegistry, batches: list[list[Sample]]) -> tuple[float, float, list]:
-    started, cpu_started = time.perf_counter(), time.process_time()
-    results = await asyncio.gather(*(registry.score("prm:bench", b, {}) for b in batches))
-    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
-    assert all(r.error == "" for batch in results for r in batch)
-    return elapsed, cpu, [[r.step_scores for r in batch] for batch in results]
-
-
-def _tokens(stats: dict[str, int]) -> int:
-    return stats["padded_tokens"] + stats["prefix_tokens"]
-
-
-def _max_diff(a: list, b: list) -> float:
-    return max(
-        abs(x - y)
-        for ra, rb in zip(a, b, strict=True)
-        for sa, sb in zip(ra, rb, strict=True)
-        for x, y in zip(sa, sb, strict=True)
-    )
+async def _score_round(mode: str, registry: ModelRegistry, batches: list[list[Sample]]) -> list:
+    """All requests at once, as concurrent GRPO groups arrive (every mode; the batcher settings differ)."""
+    return await asyncio.gather(*(registry.score("prm:bench", b, {}) for b in batches))
 
 
 async def bench_model(label: str, path: Path, threads: int, args: argparse.Namespace) -> dict:
     """Every mode on the same workload, rounds interleaved; per mode medians, tokens and score diffs."""
-    torch.set_num_threads(threads)
-    batches = workload(args.requests, args.samples, sentence_range=tuple(args.question_sentences))
-    registries = {}
-    for mode, switches in MODES.items():
-        settings = ModelSettings(
-            max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms, **switches
-        )
-        registries[mode] = ModelRegistry(settings)
-        await registries[mode].load(ModelSpec(name="bench", path=str(path), kind=ModelKind.PRM))
-    rounds = args.large_rounds if label == "large" else args.rounds
-    times: dict[str, list[float]] = {mode: [] for mode in MODES}
-    cpu: dict[str, list[float]] = {mode: [] for mode in MODES}
-    scores, tokens, forwards = {}, {}, {}
-    try:
-        for registry in registries.values():  # warm-up: first-call allocations, one request
-            await registry.score("prm:bench", batches[0], {})
-        before = {mode: registry.batcher_stats("bench") for mode, registry in registries.items()}
-        order = list(MODES)
-        for index in range(rounds):
-            for mode in order[index % len(order) :] + order[: index % len(order)]:
-                elapsed, cpu_s, scores[mode] = await _round(registries[mode], batches)
-                times[mode].append(elapsed)
-                cpu[mode].append(cpu_s)
-        for mode, registry in registries.items():
-            after = registry.batcher_stats("bench")
-            tokens[mode] = (_tokens(after) - _tokens(before[mode])) / rounds
-            forwards[mode] = (after["forward_calls"] - before[mode]["forward_calls"]) / rounds
-    finally:
-        for registry in registries.values():
-            await registry.close()
-    modes = {}
-    base = statistics.median(times["per_request"])
-    base_cpu = statistics.median(cpu["per_request"])
-    for mode in MODES:
-        wall, cpu_s = statistics.median(times[mode]), statistics.median(cpu[mode])
-        modes[mode] = {
-            "median_s": wall,
-            "times_s": times[mode],
-            "median_cpu_s": cpu_s,
-            "forwards_per_round": forwards[mode],
-            "tokens_run_per_round": tokens[mode],
-            "cpu_ms_per_token_run": 1000 * cpu_s / tokens[mode],
-            "speedup_vs_per_request": base / wall,
-            "cpu_time_ratio_vs_per_request": base_cpu / cpu_s,
-            "max_abs_score_diff_vs_per_request": _max_diff(scores[mode], scores["per_request"]),
-        }
-        print(
-            f"{label:>6} threads={threads} {mode:>18}: {wall * 1000:8.1f} ms, "
-            f"{forwards[mode]:5.1f} forwards, "
-            f"{tokens[mode]:7.0f} tokens, speedup {base / wall:.2f}x (CPU {base_cpu / cpu_s:.2f}x), "
-            f"max |diff| {modes[mode]['max_abs_score_diff_vs_per_request']:.1e}",
-            flush=True,
-        )
-    worst = max(m["max_abs_score_diff_vs_per_request"] for m in modes.values())
-    assert worst <= 1e-5, f"a mode changed the scores by {worst}"
-    return {
-        "model": label,
-        "torch_threads": threads,
-        "rounds": rounds,
-        "load_average_1m_after": os.getloadavg()[0],
-        "path": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
-        "modes": modes,
-        "speedup": modes["batched"]["speedup_vs_per_request"],
-        "cpu_time_ratio": modes["batched"]["cpu_time_ratio_vs_per_request"],
-        "max_abs_score_diff": worst,
-    }
+    return await bench_modes(
+        label,
+        path,
+        ModelKind.PRM,
+        threads,
+        MODES,
+        workload(args.requests, args.samples, sentence_range=tuple(args.question_sentences)),
+        args,
+        baseline="per_request",
+        score_round=_score_round,
+        value_of=lambda result: result.step_scores,
+        value_name="score",
+    )
 
 
 def batch_scaling(path: Path, threads: int, length: int = 128, sizes: tuple[int, ...] = (1, 8, 32)) -> dict:
@@ -280,7 +212,6 @@ async def main_async(args: argparse.Namespace) -> dict:
             "samples_per_request": args.samples,
             "max_batch_tokens": args.max_batch_tokens,
             "max_wait_ms": args.max_wait_ms,
-            "load_average_1m_before": load_before,
             "question_sentences": args.question_sentences,
             **token_stats(
                 workload(args.requests, args.samples, sentence_range=tuple(args.question_sentences)),
@@ -292,6 +223,8 @@ async def main_async(args: argparse.Namespace) -> dict:
             "torch": torch.__version__,
             "python": platform.python_version(),
             "device": "cpu",
+            "load_average_1m_at_start": load_before,
+            "load_average_1m_at_end": os.getloadavg()[0],
         },
         "target_speedup": 3.0,
         "results": results,
