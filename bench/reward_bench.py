@@ -5,6 +5,9 @@
    (its main thread, so with its signal timeouts, as in a trainer). Both get a warm-up call first; each side
    is timed ``--rounds`` times and the median is reported; ``speedup = trl_s / grpc_s`` (target ≥ 1.7× on 2
    cores). CPU seconds of both sides are recorded too, and the answers are compared (they must agree).
+   Beside it, the same call spread over a ``concurrent.futures.ProcessPoolExecutor`` with as many processes
+   as the service has math-verify workers (the same cores), warmed up first: ``speedup_vs_trl_pool =
+   trl_pool_s / grpc_s`` is what the service adds over parallelising TRL's function by hand.
 2. **load**: ``--clients`` concurrent clients (64) issue ``--calls`` Score calls in total (10,000;
    ``--quick``: 1,000), each 4 samples × (accuracy, format, tag_count); errors counted; resident memory of
    the service (main process + math-verify workers, psutil) after a warm-up vs at the end: ``rss_growth``
@@ -32,6 +35,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 import grpc
@@ -78,6 +83,29 @@ def make_batch(n_problems: int, group: int, seed: int = 0) -> list[tuple[str, st
                 (gold_text, f"Let me think. {filler}. The final answer is $\\boxed{{{answer_text}}}$.")
             )
     return pairs
+
+
+def trl_accuracy(chunk: tuple[list[str], list[str]]) -> tuple[list[float | None], float]:
+    """TRL's ``accuracy_reward`` on (completions, golds) in a pool worker's main thread (its signal timeouts
+    work there): (rewards, CPU seconds the worker spent)."""
+    completions, golds = chunk
+    cpu = time.process_time()
+    rewards = accuracy_reward([[{"role": "assistant", "content": c}] for c in completions], golds)
+    return rewards, time.process_time() - cpu
+
+
+def pool_chunks(pairs: list[tuple[str, str]], parts: int) -> list[tuple[list[str], list[str]]]:
+    """``pairs`` cut into ``parts`` contiguous chunks of whole groups of 8 (near-equal sizes)."""
+    groups = [pairs[i : i + 8] for i in range(0, len(pairs), 8)]
+    chunks = []
+    for k in range(parts):
+        part = [
+            pair
+            for group in groups[k * len(groups) // parts : (k + 1) * len(groups) // parts]
+            for pair in group
+        ]
+        chunks.append(([c for _, c in part], [g for g, _ in part]))
+    return [chunk for chunk in chunks if chunk[0]]
 
 
 def score_request(pairs: list[tuple[str, str]], rewards: list[str]) -> reward_pb2.ScoreRequest:
@@ -149,15 +177,18 @@ class Service:
         os.unlink(self._config_path)
 
 
-async def bench_accuracy(service: Service, rounds: int) -> dict:
+async def bench_accuracy(service: Service, rounds: int, pool: ProcessPoolExecutor, workers: int) -> dict:
     address = service.address
+    # Four chunks per process: a chunk of slow samples does not leave the other processes idle.
+    parts = 4 * workers
     async with create_channel(address) as channel:
         stub = reward_pb2_grpc.RewardServiceStub(channel)
         warm = make_batch(8, 2, seed=99)
         await stub.Score(score_request(warm, ["accuracy"]), timeout=300)
         # TRL warm-up (imports, regex compilation)
         accuracy_reward([[{"role": "assistant", "content": c}] for _, c in warm], [g for g, _ in warm])
-        grpc_times, trl_times, grpc_cpu, trl_cpu = [], [], [], []
+        list(pool.map(trl_accuracy, pool_chunks(make_batch(4 * parts, 8, seed=98), parts)))
+        grpc_times, trl_times, pool_times, grpc_cpu, trl_cpu, pool_cpu = [], [], [], [], [], []
         agree = total = correct = 0
         for r in range(rounds):
             # A fresh batch each round (new golds and completions): no cache helps across rounds.
@@ -175,11 +206,19 @@ async def bench_accuracy(service: Service, rounds: int) -> dict:
             expected = accuracy_reward(completions, golds)
             trl_times.append(time.perf_counter() - start)
             trl_cpu.append(time.process_time() - cpu)
+            start = time.perf_counter()
+            parts_done = list(pool.map(trl_accuracy, pool_chunks(pairs, parts)))
+            pool_times.append(time.perf_counter() - start)
+            pool_cpu.append(sum(cpu_s for _, cpu_s in parts_done))
+            pooled = [v for rewards, _ in parts_done for v in rewards]
+            if pooled != expected:
+                raise AssertionError("TRL's accuracy_reward gave other values in the process pool")
             ours = [s.reward if s.HasField("reward") else None for s in reply.scores]
             agree += sum(a == b for a, b in zip(ours, expected, strict=True))
             total += len(pairs)
             correct += sum(v == 1.0 for v in expected)
     grpc_s, trl_s = statistics.median(grpc_times), statistics.median(trl_times)
+    pool_s = statistics.median(pool_times)
     service_cpu, trl_cpu_s = statistics.median(grpc_cpu), statistics.median(trl_cpu)
     cores = min(2, len(os.sched_getaffinity(0)))
     return {
@@ -187,13 +226,24 @@ async def bench_accuracy(service: Service, rounds: int) -> dict:
         "grpc_s": round(grpc_s, 4),
         "trl_in_process_s": round(trl_s, 4),
         "speedup": round(trl_s / grpc_s, 3),
-        "rounds": {"grpc_s": [round(t, 4) for t in grpc_times], "trl_s": [round(t, 4) for t in trl_times]},
+        "trl_pool_processes": workers,
+        "trl_pool_s": round(pool_s, 4),
+        "speedup_vs_trl_pool": round(pool_s / grpc_s, 3),
+        "rounds": {
+            "grpc_s": [round(t, 4) for t in grpc_times],
+            "trl_s": [round(t, 4) for t in trl_times],
+            "trl_pool_s": [round(t, 4) for t in pool_times],
+        },
         # CPU seconds spent on the batch: the service (gRPC process + math-verify workers) vs TRL's process.
         # On a machine shared with other work, wall time depends on the neighbours; CPU time does not, and
         # trl_cpu / (service_cpu / cores) is the speedup the same work gives on `cores` otherwise idle cores.
         "service_cpu_s": round(service_cpu, 3),
         "trl_cpu_s": round(trl_cpu_s, 3),
         "projected_speedup_on_2_idle_cores": round(trl_cpu_s / (service_cpu / cores), 3),
+        # The pool spreads the same CPU work over the same cores: on idle cores the ratio of the CPU seconds
+        # is the ratio of the wall times.
+        "trl_pool_cpu_s": round(statistics.median(pool_cpu), 3),
+        "projected_speedup_vs_trl_pool_on_2_idle_cores": round(statistics.median(pool_cpu) / service_cpu, 3),
         "agreement_with_trl": f"{agree}/{total}",
         "correct_fraction": round(correct / total, 3),
     }
@@ -272,26 +322,32 @@ async def bench_latency(address: str, n: int) -> dict:
 
 async def run(args: argparse.Namespace) -> dict:
     workers = len(os.sched_getaffinity(0))
+    load_avg_start = os.getloadavg()
+    # spawn: this process holds gRPC channels, which a forked child must not inherit.
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
     service = Service(workers)
     try:
         service.wait_ready()
-        load_avg_start = os.getloadavg()[0]
-        accuracy = await bench_accuracy(service, args.rounds)
+        accuracy = await bench_accuracy(service, args.rounds, pool, workers)
+        pool.shutdown()
         print(f"accuracy: {json.dumps(accuracy)}", flush=True)
         latency = await bench_latency(service.address, args.latency_calls)
         print(f"latency: {json.dumps(latency)}", flush=True)
         load = await bench_load(service, args.clients, args.calls)
         print(f"load: {json.dumps(load)}", flush=True)
     finally:
+        pool.shutdown(cancel_futures=True)
         service.stop()
+    load_avg_end = os.getloadavg()
     return {
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
             # 1-minute load average at the start and the end: other work on the machine skews wall times.
-            "load_average_start": round(load_avg_start, 2),
-            "load_average_end": round(os.getloadavg()[0], 2),
+            "load_average_start": round(load_avg_start[0], 2),
+            "load_average_end": round(load_avg_end[0], 2),
+            "load_averages_1_5_15m": {"start": load_avg_start, "end": load_avg_end},
         },
         "service": {"mathverify_workers": workers},
         "accuracy_512": accuracy,
