@@ -267,6 +267,15 @@ class TrainingConfig(_Strict):
     cpu_threads: int | None = Field(default=None, ge=1)
     # Push weights to the rollout service after each optimizer step (turn off only to prove it matters).
     weight_sync: bool = True
+    # How pushed weights reach each replica (trainer_service.rollout.weight_transport): auto, shared_memory:
+    # the replica's shared-memory directory when this process sees it (same host), else the gRPC stream;
+    # distributed = shared memory, else a torch.distributed group the trainer hosts at weight_group_host
+    # (gloo on CPU, nccl on CUDA); grpc = always the stream. A failed channel push is redone on the stream.
+    weight_transport: Literal["auto", "grpc", "shared_memory", "distributed"] = "auto"
+    # Size of one bucket of tensors on a channel, in MiB.
+    weight_bucket_mb: int = Field(default=256, ge=1, le=4096)
+    # Address the replicas reach the trainer at for weight_transport: distributed.
+    weight_group_host: str = "127.0.0.1"
     # Evaluate on data.eval at step 0, every this many optimizer steps and after the last; 0 = never
     # (trainer_service.training.evaluation: greedy accuracy, avg@n, pass@k per reward in eval_metrics.jsonl).
     eval_steps: int = Field(default=0, ge=0)

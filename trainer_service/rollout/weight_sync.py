@@ -50,7 +50,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer_callback import ExportableState
 
 from grpo_runtime.call_errors import ServiceCallError
-from rollout_service.client import encode
+from trainer_service.rollout.full_weights import full_state_dict
 from trainer_service.rollout.replicas import (
     ReplicaAddress,
     RolloutReplicas,
@@ -58,6 +58,7 @@ from trainer_service.rollout.replicas import (
     may_recover,
     settle,
 )
+from trainer_service.rollout.weight_transport import WeightTransports
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class WeightSync:
         sleep_mode: bool = False,
         sleep_level: int = 1,
         background: bool = False,
+        transports: WeightTransports | None = None,
     ):
         self.replicas = client
         self.enabled = enabled
@@ -114,6 +116,7 @@ class WeightSync:
         self.pushes = 0
         self.last_push_seconds = 0.0
         self.total_push_seconds = 0.0
+        self.transports = transports or WeightTransports()
 
     # -- collective helpers -------------------------------------------------------------------------------
     @staticmethod
@@ -234,16 +237,15 @@ class WeightSync:
         state_dict: dict[str, torch.Tensor],
         adapter_config: dict[str, Any] | None,
     ) -> tuple[int, list[ReplicaAddress], str]:
-        """Stream the weights to ``targets`` under ``version``; see :meth:`_push_everywhere`."""
-        # Serialised and hashed once, then streamed to every member from the same views.
-        payload = encode(state_dict)
-        payload.sha256  # noqa: B018 - computed here, not concurrently in each sender thread
-        fmt = "lora" if adapter_config is not None else "state_dict"
-
-        def send(client: Any) -> Any:
-            return client.push_weights(payload, version, fmt, adapter_config)
-
-        outcomes = self._each(targets, send)
+        """Send the weights to ``targets`` under ``version``, each over its transport
+        (:class:`~trainer_service.rollout.weight_transport.WeightTransports`); see :meth:`_push_everywhere`.
+        """
+        assert self.replicas is not None
+        replicas = self.replicas
+        outcomes = self.transports.push(
+            [(m.address, replicas.client(m.address)) for m in targets], version, state_dict, adapter_config
+        )
+        self._log_transports(version, targets)
         problems = list(problems)
         applied: list[ReplicaAddress] = []
         refused: list[str] = []
@@ -260,6 +262,38 @@ class WeightSync:
         if not applied:
             raise RolloutUnavailable("weight push failed: " + "; ".join(problems))
         return version, applied, "; ".join(problems)
+
+    def _log_transports(self, version: int, targets: list[ReplicaAddress]) -> None:
+        """One log line per push: each replica's transport, seconds and GB/s."""
+        records = [(m.address, self.transports.last.get(m.address)) for m in targets]
+        parts = [
+            f"{address} {r.transport.name} {r.seconds:.3f} s {r.gb_per_s:.2f} GB/s"
+            for address, r in records
+            if r is not None
+        ]
+        if parts:
+            log.info("weight push of version %s: %s", version, "; ".join(parts))
+
+    def push_metrics(self) -> dict[str, float]:
+        """The last push, for the trainer's metrics: seconds from the call to the weights serving and GB/s of
+        the slowest replica (``weight_sync/transfer_*``), and how many replicas each transport served."""
+        records = list(self.transports.last.values())
+        if not records:
+            return {}
+        slowest = max(records, key=lambda r: r.seconds)
+        metrics = {
+            "weight_sync/transfer_seconds": slowest.seconds,
+            "weight_sync/transfer_gb_per_s": slowest.gb_per_s,
+        }
+        for transport in sorted({r.transport for r in records}):
+            metrics[f"weight_sync/replicas_{transport.name.lower()}"] = float(
+                sum(r.transport == transport for r in records)
+            )
+        return metrics
+
+    def close(self) -> None:
+        """Leave the weight group and delete the shared-memory bucket files."""
+        self.transports.close()
 
     def _behind(self) -> tuple[bool, list[ReplicaAddress]]:
         """(whether any member lacks ``current_version``, the members), from every member's GetStatus."""
@@ -300,18 +334,20 @@ class WeightSync:
     def payload(self, trainer: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
         """(state dict to send, adapter config or None). Collective under ZeRO-3/FSDP: call on every rank.
 
-        The tensors are the model's own (``encode`` streams them from their memory, moving to CPU only what is
+        Every tensor is gathered (:mod:`~trainer_service.rollout.full_weights`) before anything is sent. On
+        one process the tensors are the model's own (sent from their memory, moved to CPU only where they are
         elsewhere), which is safe because a push finishes before the next optimizer step changes them."""
         accelerator = trainer.accelerator
         model = trainer.model_wrapped if trainer.model_wrapped is not None else trainer.model
-        full = accelerator.get_state_dict(model)
         unwrapped = accelerator.unwrap_model(model)
         if isinstance(unwrapped, PeftModel):
-            adapter = get_peft_model_state_dict(unwrapped, state_dict=full)
+            adapter = full_state_dict(
+                accelerator, model, lambda tensors: get_peft_model_state_dict(unwrapped, state_dict=tensors)
+            )
             config = unwrapped.peft_config[unwrapped.active_adapter]
             adapter_config = json.loads(json.dumps(config.to_dict(), default=_json_default))
             return adapter, adapter_config
-        return full, None
+        return full_state_dict(accelerator, model), None
 
     def push(self, trainer: Any) -> int:
         """Send the current weights to every replica with the next version; every rank returns that version.

@@ -58,6 +58,7 @@ from trainer_service.rollout.function_tools import check_served_tools
 from trainer_service.rollout.replicas import RolloutReplicas
 from trainer_service.rollout.service_rollout import SamplingConfig, ServiceRollout
 from trainer_service.rollout.weight_sync import WeightSync, WeightSyncCallback
+from trainer_service.rollout.weight_transport import WeightTransports
 from trainer_service.training.batch_sizing import resolve_batch_size
 from trainer_service.training.builders import (
     Device,
@@ -350,7 +351,15 @@ def _train(
         sleep_mode=t.vllm_sleep_mode,
         sleep_level=t.sleep_level,
         background=t.async_rollout,
+        transports=WeightTransports(
+            t.weight_transport,
+            bucket_bytes=t.weight_bucket_mb << 20,
+            group_host=t.weight_group_host,
+            backend="nccl" if settings.device.type == "cuda" else "gloo",
+            device=str(settings.device),
+        ),
     )
+    stack.callback(sync.close)
     rollout: ServiceRollout | AsyncServiceRollout = ServiceRollout(
         replicas,
         sync,
@@ -419,6 +428,7 @@ def _train(
                 extra=lambda: {
                     "policy_version": rollout.last_version,
                     "weight_sync/push_seconds": sync.last_push_seconds if sync.pushes else None,
+                    **sync.push_metrics(),
                     "rollout/replicas": len(sync.ready),
                     **rollout.last_tool_metrics,
                     **(rollout.metrics() if isinstance(rollout, AsyncServiceRollout) else {}),
