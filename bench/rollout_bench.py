@@ -4,7 +4,8 @@
                                   [--out bench/results/rollout.json] [--only weights]
 
 ``--only weights`` measures only the weight paths (LoRA push, full-weight stream, LoadWeights)
-and merges them into the existing results file, keeping the other figures of each engine.
+and writes them, whole, to their own file (default ``bench/results/rollout_weights.json``): every
+results file comes from one run, with the 1-minute load average at its start and end.
 
 Per engine (one service each, started in this process on 127.0.0.1):
 - ``grpc_vs_inprocess``: the same Generate (8 prompts × n=8 × 64 tokens, fixed length via
@@ -367,20 +368,22 @@ def main() -> None:
     parser.add_argument("--engines", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
     parser.add_argument("--model", default="tests/assets/models/policy-large")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=Path("bench/results/rollout.json"))
-    parser.add_argument("--only", choices=["weights"], default=None, help="re-measure only these parts")
+    parser.add_argument("--out", type=Path, default=None, help="default bench/results/rollout[_weights].json")
+    parser.add_argument("--only", choices=["weights"], default=None, help="measure only these parts")
     args = parser.parse_args()
+    if args.out is None:
+        args.out = Path("bench/results/rollout_weights.json" if args.only else "bench/results/rollout.json")
     work = Path("/tmp/rollout-bench")
     work.mkdir(parents=True, exist_ok=True)
     if args.only == "weights":
-        merge_weights(args, work)
+        weights_only(args, work)
         return
     report = {
         "model": args.model,
         "workload": {"prompts": len(PROMPTS), "n": N, "tokens": TOKENS, "dtype": "float32"},
         "machine": {
             "cpus": psutil.cpu_count(),
-            "load_avg_1m": psutil.getloadavg()[0],
+            "load_avg_1m_at_start": psutil.getloadavg()[0],
             "python": platform.python_version(),
             "torch": torch.__version__,
         },
@@ -392,6 +395,7 @@ def main() -> None:
     engines = report["engines"]
     if "hf" in engines and "vllm" in engines:
         report["vllm_over_hf_tokens_per_s"] = engines["vllm"]["tokens_per_s"] / engines["hf"]["tokens_per_s"]
+    report["machine"]["load_avg_1m_at_end"] = psutil.getloadavg()[0]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
@@ -400,23 +404,23 @@ def main() -> None:
 WEIGHT_KEYS = ("lora_push_s", "lora_bytes", "full_weights", "load_weights_from_dir")
 
 
-def merge_weights(args: argparse.Namespace, work: Path) -> None:
-    """Re-measure the weight paths and merge them into the existing results file."""
-    report = json.loads(args.out.read_text())
+def weights_only(args: argparse.Namespace, work: Path) -> None:
+    """Measure the weight paths alone and write them as a results file of their own."""
+    report = {
+        "model": args.model,
+        "measured": list(WEIGHT_KEYS),
+        "rounds": args.rounds,
+        "machine": {"cpus": psutil.cpu_count(), "load_avg_1m_at_start": psutil.getloadavg()[0]},
+        "engines": {},
+    }
     for engine in args.engines:
         fresh = bench_engine(engine, args.model, args.rounds, work, only_weights=True)
-        report["engines"].setdefault(engine, {"engine": engine}).update({k: fresh[k] for k in WEIGHT_KEYS})
-        print(json.dumps({k: fresh[k] for k in WEIGHT_KEYS}, indent=2), flush=True)
-    report["weights_rerun"] = {
-        "keys": list(WEIGHT_KEYS),
-        "engines": args.engines,
-        "rounds": args.rounds,
-        "load_avg_1m": psutil.getloadavg()[0],
-        "note": "these keys were re-measured in a later run than the rest of the file (see machine); "
-        "sleep.level2.wake_s includes a full push measured with the rest",
-    }
+        report["engines"][engine] = {k: fresh[k] for k in WEIGHT_KEYS}
+        print(json.dumps(report["engines"][engine], indent=2), flush=True)
+    report["machine"]["load_avg_1m_at_end"] = psutil.getloadavg()[0]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"merged into {args.out}")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--turn-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    load_at_start = os.getloadavg()
     engine = HFEngine(args.model)
     results: dict[str, list[dict]] = {"reuse": [], "recompute": []}
     for r in range(args.rounds):
@@ -82,6 +83,7 @@ def main() -> None:
         "same_tokens_sampled": same,
         "wall_s_median": {m: statistics.median(x["wall_s"] for x in v) for m, v in results.items()},
         "load_average": os.getloadavg(),
+        "load_average_at_start": load_at_start,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2) + "\n")
