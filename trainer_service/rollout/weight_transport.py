@@ -96,7 +96,7 @@ class WeightTransports:
         self.join_timeout_s = join_timeout_s
         # address → (transport, the replica's shm token when shared memory); forgotten on a channel failure.
         self._chosen: dict[str, tuple[WeightTransport, str]] = {}
-        self._open: set[str] = set()  # replicas whose channel this process opened
+        self._open: dict[str, RolloutClient] = {}  # replicas whose channel this process opened
         self._files: dict[str, BucketFiles] = {}  # shm directory → this sender's bucket files there
         self._group: BroadcastGroup | None = None
         self._group_members: tuple[str, ...] = ()
@@ -131,7 +131,7 @@ class WeightTransports:
 
     def _forget(self, address: str) -> None:
         self._chosen.pop(address, None)
-        self._open.discard(address)
+        self._open.pop(address, None)
 
     # -------------------------------------------------------------------------------------- push
     def push(
@@ -208,7 +208,7 @@ class WeightTransports:
             try:
                 if address not in self._open:
                     client.open_weight_channel(WeightTransport.SHARED_MEMORY)
-                    self._open.add(address)
+                    self._open[address] = client
                 result = client.push_from_channel(plan, version, fmt, adapter_config, bucket_files=files)
             except FALLBACK_ERRORS as error:
                 log.warning("shared-memory push to %s failed (%s); streaming instead", address, error)
@@ -251,7 +251,7 @@ class WeightTransports:
                 joined[0].close()
             raise error
         self._group, self._group_members = joined[0], addresses
-        self._open.update(addresses)
+        self._open.update(members)
 
     def _close_group(self) -> None:
         group, self._group, self._group_members = self._group, None, ()
@@ -308,12 +308,14 @@ class WeightTransports:
         return outcomes
 
     def close(self) -> None:
-        """Leave the group and delete the bucket files (the replicas keep serving)."""
+        """Close the replicas' channels, leave the group and delete the bucket files (the replicas keep
+        serving; a replica that does not answer drops its mappings at its next push or stop)."""
+        opened, self._open = self._open, {}
+        settle([lambda c=client: c.close_weight_channel(timeout_s=10) for client in opened.values()])
         self._close_group()
         files, self._files = self._files, {}
         for bucket_files in files.values():
             bucket_files.close()
-        self._open.clear()
         self._chosen.clear()
 
 

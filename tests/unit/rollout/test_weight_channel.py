@@ -117,6 +117,12 @@ def test_shared_memory_files_are_mapped_only_inside_the_directory(tmp_path):
     good = manifest(bucket_files=names)
     (bucket,) = shm.map_buckets(good)
     assert torch.equal(tensors_in_buckets(good, [bucket])["a.weight"], TENSORS["a.weight"])
+    # The same file again is the same mapping; the sender's next write shows through it.
+    changed = {**TENSORS, "a.weight": TENSORS["a.weight"] + 1}
+    assert files.write(changed, plan) == names
+    (again,) = shm.map_buckets(good)
+    assert again.data_ptr() == bucket.data_ptr()
+    assert torch.equal(tensors_in_buckets(good, [again])["a.weight"], changed["a.weight"])
     os.symlink(shm.directory / names[0], shm.directory / "link.bucket")
     (tmp_path / "outside.bucket").write_bytes(b"\0" * plan.bucket_bytes[0])
     for name in (
