@@ -57,6 +57,7 @@ def test_wheelhouse_check_names_what_the_cuda_images_lack(tmp_path):
     assert check.cuda_wheelhouse_problem(tmp_path) is None
 
 
+@pytest.mark.slow  # a subprocess that imports torch and transformers
 def test_images_dry_run_writes_the_results_file_whole(tmp_path, tiny_models):
     out = tmp_path / "gpu_check.json"
     work = str(tmp_path / "work")

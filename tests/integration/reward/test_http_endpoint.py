@@ -124,28 +124,24 @@ def test_requests_are_counted_on_the_servers_metrics_registry(server, url):
         labels = {"path": path, "method": method}
         return registry.get_sample_value("grpo_http_request_duration_seconds_count", labels) or 0.0
 
-    before = {
-        "ok": count("/get_reward", "POST", "200"),
-        "bad": count("/get_reward", "POST", "400"),
-        "health": count("/health", "GET", "200"),
-        "unknown": count("unmatched", "GET", "404"),
-        "wrong_method": count("unmatched", "POST", "405"),
-        "timed": timed("/get_reward", "POST"),
-    }
+    def snapshot() -> dict[str, float]:
+        return {
+            "ok": count("/get_reward", "POST", "200"),
+            "bad": count("/get_reward", "POST", "400"),
+            "health": count("/health", "GET", "200"),
+            "unknown": count("unmatched", "GET", "404"),
+            "wrong_method": count("unmatched", "POST", "405"),
+            "timed": timed("/get_reward", "POST"),
+        }
+
+    before = snapshot()
     assert post(url, {"query": QUERIES, "prompts": PROMPTS, "labels": LABELS}).status_code == 200
     assert requests.post(f"{url}/get_reward", data=b"{", timeout=60).status_code == 400
     assert requests.get(f"{url}/health", timeout=60).status_code == 200
     for i in range(3):  # hostile paths: one label between them
         assert requests.get(f"{url}/no-such-path-{i}", timeout=60).status_code == 404
     assert requests.post(f"{url}/health", timeout=60).status_code == 405
-    after = {
-        "ok": count("/get_reward", "POST", "200"),
-        "bad": count("/get_reward", "POST", "400"),
-        "health": count("/health", "GET", "200"),
-        "unknown": count("unmatched", "GET", "404"),
-        "wrong_method": count("unmatched", "POST", "405"),
-        "timed": timed("/get_reward", "POST"),
-    }
+    after = snapshot()
     deltas = {key: after[key] - before[key] for key in before}
     assert deltas == {"ok": 1, "bad": 1, "health": 1, "unknown": 3, "wrong_method": 1, "timed": 2}
     assert registry.get_sample_value("grpo_http_in_flight", {"path": "/get_reward", "method": "POST"}) == 0
