@@ -213,7 +213,12 @@ def main() -> None:
         model = build_model(work / "model", args.hidden, args.layers)
         weights = new_weights(model, args.device)
         lora = lora_adapter(weights)
-        with_shm = [t for t in transports if t != "distributed"]
+        skipped = {}
+        if "distributed" in transports and args.backend == "nccl" and torch.cuda.device_count() < 2:
+            # NCCL refuses two ranks on one GPU ("duplicate GPU"): such a host uses shared memory instead.
+            skipped["distributed"] = "nccl needs two GPUs; measured shared memory, the one-GPU path, instead"
+            transports = [t for t in transports if t != "distributed"] + ["shared_memory"]
+        with_shm = list(dict.fromkeys(t for t in transports if t != "distributed"))
         if with_shm:
             with rollout_service(model, args.device, shm_dir) as address:
                 for mode in with_shm:
@@ -221,7 +226,8 @@ def main() -> None:
                         address, mode, weights, lora, args.rounds, args.backend, args.device
                     )
         if "distributed" in transports:
-            with rollout_service(model, args.device, None) as address:
+            replica_device = "cuda:1" if args.backend == "nccl" else args.device
+            with rollout_service(model, replica_device, None) as address:
                 results["distributed"] = measure(
                     address, "distributed", weights, lora, args.rounds, args.backend, args.device
                 )
@@ -245,6 +251,7 @@ def main() -> None:
         "rounds": args.rounds,
         "target_gb_per_s": 1.5,
         "transports": results,
+        "skipped": skipped,
         "shm_files_left_behind": leftovers,
         "machine": {
             "cpus": os.cpu_count(),

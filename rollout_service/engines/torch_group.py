@@ -66,7 +66,8 @@ class GroupSpec:
 class BroadcastGroup:
     """A joined group; :meth:`broadcast` sends (rank 0) or receives (others) one flat buffer.
 
-    ``device``: where buffers live (CPU for gloo, the CUDA device for nccl).
+    ``device``: where buffers live (CPU for gloo, the CUDA device for nccl). NCCL wants every rank on a
+    GPU of its own: a trainer and a replica sharing one GPU use shared memory instead.
     """
 
     def __init__(self, spec: GroupSpec, device: torch.device | str = "cpu") -> None:
@@ -83,7 +84,9 @@ class BroadcastGroup:
             )
             store = dist.PrefixStore(STORE_PREFIX, self._store)
             if spec.backend == "nccl":
-                self._group = dist.ProcessGroupNCCL(store, spec.rank, spec.world_size, timeout)
+                options = dist.ProcessGroupNCCL.Options()
+                options._timeout = timeout
+                self._group = dist.ProcessGroupNCCL(store, spec.rank, spec.world_size, options)
             else:
                 self._group = dist.ProcessGroupGloo(store, spec.rank, spec.world_size, timeout)
         except (RuntimeError, dist.DistError) as exc:
