@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from grpo_runtime.config import ServerConfig
 from rollout_service.client import RolloutClient
 from rollout_service.core.types import WeightFormat, WeightTransport
 from rollout_service.core.weight_channel import BucketFiles, TensorLayout, fill_bucket, plan_buckets
@@ -233,5 +234,98 @@ def test_trainer_sender_picks_shared_memory_then_falls_back(client, server, pert
             (outcome,) = sender.push([(plain.address, other)], 1, perturbed[0], None)
             assert not isinstance(outcome, Exception), outcome
             assert sender.last[plain.address].transport == WeightTransport.GRPC_STREAM
+        finally:
+            sender.close()
+
+
+def _lora(tiny_models, seed: int) -> tuple[dict[str, torch.Tensor], dict]:
+    """A rank-4 PEFT adapter on q_proj and v_proj of every layer (random A and B)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["policy"])
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, weight in model.state_dict().items():
+        if name.endswith(("q_proj.weight", "v_proj.weight")):
+            stem = f"base_model.model.{name.removesuffix('.weight')}"
+            out_features, in_features = weight.shape
+            tensors[f"{stem}.lora_A.weight"] = 0.1 * torch.randn(4, in_features, generator=generator)
+            tensors[f"{stem}.lora_B.weight"] = 0.1 * torch.randn(out_features, 4, generator=generator)
+    return tensors, {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+
+
+def test_lora_over_shared_memory_serves_what_the_stream_serves(client, server, tiny_models):
+    adapter, config = _lora(tiny_models, 3)
+    other, _ = _lora(tiny_models, 4)
+    sender = WeightTransports("shared_memory")
+    try:
+        version = _next_version(client)
+        (outcome,) = sender.push([(server.address, client)], version, adapter, config)
+        assert not isinstance(outcome, Exception), outcome
+        assert sender.last[server.address].transport == WeightTransport.SHARED_MEMORY
+        assert client.status().weight_format == WeightFormat.LORA_ADAPTER
+        via_shm = _tokens(client)
+        client.push_lora(other, config, version + 1)
+        client.push_lora(adapter, config, version + 2)
+        assert _tokens(client) == via_shm
+    finally:
+        sender.close()
+    assert client.status().weight_transport == WeightTransport.GRPC_STREAM  # the sender closed it
+
+
+def test_a_join_nobody_answers_does_not_stall_other_calls(client):
+    port = free_port("127.0.0.1")  # nobody listens there
+    outcome: list = []
+
+    def join() -> None:
+        outcome.append(
+            failure(
+                lambda: client.open_weight_channel(
+                    WeightTransport.TORCH_DISTRIBUTED,
+                    init_method=f"tcp://127.0.0.1:{port}",
+                    rank=1,
+                    world_size=2,
+                    join_timeout_s=5,
+                )
+            )
+        )
+
+    waiting = threading.Thread(target=join)
+    waiting.start()
+    assert len(client.generate(PROMPTS, n=1, sampling={"max_tokens": 2})) == 2  # served meanwhile
+    assert client.status().weight_transport == WeightTransport.GRPC_STREAM
+    waiting.join(120)
+    assert outcome and outcome[0][0] == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_channel_rpcs_need_the_admin_token(tiny_models, tmp_path):
+    settings = RolloutSettings(model=str(tiny_models["policy"]), engine="hf", weight_shm_dir=str(tmp_path))
+    config = ServerConfig(host="127.0.0.1", port=0, admin_token="s3cret")
+    with rollout_server_thread(settings, config) as running, RolloutClient(running.address) as anonymous:
+        plan = plan_buckets({"model.norm.weight": torch.ones(128)})
+        for call in (
+            lambda: anonymous.open_weight_channel(WeightTransport.SHARED_MEMORY),
+            lambda: anonymous.push_from_channel(plan, 1, "state_dict", bucket_files=("x.bucket",)),
+            lambda: anonymous.close_weight_channel(),
+        ):
+            assert failure(call)[0] == grpc.StatusCode.UNAUTHENTICATED
+        assert anonymous.status().weight_shm_dir == str(tmp_path.resolve())  # GetStatus is public
+    assert not list(tmp_path.iterdir())  # the token file goes with the replica
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_engine_applies_a_shared_memory_push(tiny_models, tmp_path, perturbed):
+    settings = RolloutSettings(
+        model=str(tiny_models["policy"]), engine="vllm", max_model_len=512, weight_shm_dir=str(tmp_path)
+    )
+    with rollout_server_thread(settings) as running, RolloutClient(running.address, timeout_s=300) as vllm:
+        sender = WeightTransports("auto")
+        try:
+            (outcome,) = sender.push([(running.address, vllm)], 1, perturbed[0], None)
+            assert not isinstance(outcome, Exception), outcome
+            assert sender.last[running.address].transport == WeightTransport.SHARED_MEMORY
+            via_shm = _tokens(vllm)
+            vllm.push_state_dict(perturbed[1], 2)
+            vllm.push_state_dict(perturbed[0], 3)
+            assert _tokens(vllm) == via_shm
         finally:
             sender.close()
