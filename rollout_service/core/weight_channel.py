@@ -490,8 +490,13 @@ class BucketFiles:
             path = self.directory / f"{self.prefix}-{index}.bucket"
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             try:
-                os.ftruncate(fd, size)
+                # Reserve the memory now: a write into a mapping the tmpfs has no room for is SIGBUS,
+                # while fallocate fails with ENOSPC (an OSError the sender turns into a stream push).
+                os.posix_fallocate(fd, 0, size)
                 self._maps.append((path, mmap.mmap(fd, size)))
+            except OSError:
+                path.unlink(missing_ok=True)
+                raise
             finally:
                 os.close(fd)
 

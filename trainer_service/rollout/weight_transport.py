@@ -149,21 +149,39 @@ class WeightTransports:
     def _push(self, targets, version, state_dict, adapter_config) -> list[Any]:
         fmt = WeightFormat.LORA_ADAPTER if adapter_config is not None else WeightFormat.STATE_DICT
         choices = [self._choose(address, client) for address, client in targets]
-        plan = plan_buckets(state_dict, self.bucket_bytes)
         stream = _LazyPayload(state_dict)
+        plan = BucketPlan((), ())
+        if any(kind != WeightTransport.GRPC_STREAM for kind, _ in choices):
+            try:
+                plan = plan_buckets(state_dict, self.bucket_bytes)
+            except (
+                ValueError
+            ) as error:  # a dtype no channel carries: the replica's answer to the stream says why
+                log.warning("weights go over the stream: %s", error)
+                choices = [(WeightTransport.GRPC_STREAM, "")] * len(targets)
         outcomes: list[Any] = [None] * len(targets)
         calls: list[tuple[int, Callable[[], Any]]] = []
-        shm_files: dict[str, tuple[str, ...]] = {}
+        shm_files: dict[str, tuple[tuple[str, ...], float] | None] = {}
         group_members = []
         for i, ((address, client), choice) in enumerate(zip(targets, choices, strict=True)):
             if choice[0] == WeightTransport.SHARED_MEMORY:
                 directory = choice[1]
                 if directory not in shm_files:
-                    files = self._files.setdefault(directory, BucketFiles(directory))
-                    shm_files[directory] = files.write(state_dict, plan)
-                files = shm_files[directory]
+                    shm_files[directory] = self._write_buckets(directory, state_dict, plan)
+                written = shm_files[directory]
+                if written is None:  # no room in the directory: this push streams
+                    calls.append(
+                        (i, self._stream_call(address, client, stream, version, fmt, adapter_config))
+                    )
+                    continue
+                files, started = written
                 calls.append(
-                    (i, self._shm_call(address, client, plan, version, fmt, adapter_config, files, stream))
+                    (
+                        i,
+                        self._shm_call(
+                            address, client, plan, version, fmt, adapter_config, files, stream, started
+                        ),
+                    )
                 )
             elif choice[0] == WeightTransport.TORCH_DISTRIBUTED:
                 group_members.append(i)
@@ -187,6 +205,19 @@ class WeightTransports:
                     outcomes[j] = r
         return outcomes
 
+    def _write_buckets(
+        self, directory: str, state_dict: dict[str, torch.Tensor], plan: BucketPlan
+    ) -> tuple[tuple[str, ...], float] | None:
+        """(bucket file names, when writing began), or None when the directory cannot hold them."""
+        started = time.perf_counter()
+        files = self._files.setdefault(directory, BucketFiles(directory))
+        try:
+            return files.write(state_dict, plan), started
+        except OSError as error:
+            log.warning("cannot write weight buckets into %s (%s); streaming instead", directory, error)
+            files.close()
+            return None
+
     def _timed(self, address: str, transport: WeightTransport, nbytes: int, start: float, result: Any) -> Any:
         self.last[address] = PushRecord(transport, time.perf_counter() - start, nbytes)
         return result
@@ -201,10 +232,11 @@ class WeightTransports:
         return call
 
     def _shm_call(
-        self, address, client, plan, version, fmt, adapter_config, files, stream
+        self, address, client, plan, version, fmt, adapter_config, files, stream, start
     ) -> Callable[[], Any]:
+        """``start``: when the buckets began to be written (the push's time includes the writing)."""
+
         def call() -> Any:
-            start = time.perf_counter()
             try:
                 if address not in self._open:
                     client.open_weight_channel(WeightTransport.SHARED_MEMORY)
