@@ -35,6 +35,11 @@ class ReadWriteLock:
         self._paused_readers = 0  # readers inside yield_to_updates: only updates may pass them
 
     @property
+    def readers(self) -> int:
+        """Batches holding the read side now (paused ones excluded)."""
+        return self._readers
+
+    @property
     def updates_waiting(self) -> bool:
         """Whether a writer that preempts partial rollouts waits (a plain read, safe from any thread)."""
         return self._updates_waiting > 0

@@ -11,9 +11,9 @@ checks whether a weight update waits; if so it drops the batch's KV cache, lets 
 prefills prompt + tokens generated so far again with the new weights before sampling on. Recomputing
 costs one prefill per update per batch, and makes every later token exactly what the new weights sample
 after that prefix: its logprob is the new policy's, the quantity the trainer's per-token importance
-ratio divides by. PipelineRL keeps the stale KV cache instead (cheaper, but then a token's logprob is
-neither policy's: keys and values of the prefix are the old weights'); with prefill far cheaper than
-decode per token on these engines, exactness wins.
+ratio divides by. PipelineRL keeps the stale KV cache instead (no extra prefill, but then a token's
+logprob is neither policy's: the prefix's keys and values are the old weights'); one batched prefill per
+update that actually arrives mid-batch is a small price for a ratio that means what it says.
 
 Weights: a LoRA adapter is merged into the live weights, W = W0 + s·B·A, keeping a copy of W0
 for the modules it touches so the next adapter (or a state dict) starts from the base again.

@@ -7,6 +7,15 @@
   log_softmax(logits / T) when top_k, top_p, min_p and repetition_penalty are off (TRL's
   defaults); with those filters on, vLLM reports the filtered distribution, as TRL's own vLLM
   path does.
+- Partial rollouts (a ``pause`` handed to ``generate``): each sequence is its own engine request
+  (n = 1) with cumulative outputs, so the tokens so far are known after every step. When an update
+  waits at a segment boundary (every ``pause.segment_tokens`` engine steps, about as many tokens per
+  sequence: outputs trail the steps by one, and sequences join the batch at different steps), the
+  unfinished requests are aborted, the update applies, and each sequence continues as a new request
+  whose prompt is prompt + tokens so far (remaining ``max_tokens``/``min_tokens``, a seed derived
+  from the position): vLLM prefills it with the new weights (the prefix cache is reset by a
+  state-dict update and keyed by the adapter), so later tokens and their logprobs are the new
+  policy's. A stop string that straddles the switch is not seen (each request matches its own text).
 - LoRA: each pushed adapter is written to ``work_dir/lora/v{version}`` and registered as
   ``LoRARequest(name=f"v{version}", int_id=version)`` before it serves; the previous one is
   then removed.
@@ -34,6 +43,7 @@ import os
 import shutil
 import tempfile
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -124,14 +134,16 @@ class VllmEngine(Engine):
     def generate(self, jobs: list[GenerationJob], pause: UpdatePause | None = None) -> None:
         """One engine request per prompt (its ``n`` samples are vLLM's child requests).
 
-        ``pause`` is not taken: an update waits for the batch's end, as without
-        ``continue_across_updates``, and every token is of the batch's version.
+        With ``pause``: :meth:`_generate_partial` (module docstring).
 
         Between steps, the requests of a job whose caller went away are aborted by their ids
         (``LLMEngine.abort_request`` also aborts the child requests of an ``n > 1`` parent), and
         whatever ends this call (an error included) aborts the requests still unfinished, so no
         work outlives the call.
         """
+        if pause is not None:
+            self._generate_partial(jobs, pause)
+            return
         engine = self.llm.llm_engine
         owner: dict[str, tuple[GenerationJob, int]] = {}
         unfinished: set[str] = set()
@@ -167,6 +179,79 @@ class VllmEngine(Engine):
         finally:
             if unfinished:
                 engine.abort_request(sorted(unfinished))
+
+    def _generate_partial(self, jobs: list[GenerationJob], pause: UpdatePause) -> None:
+        """One n = 1 engine request per sequence; at a segment boundary with an update waiting, abort the
+        unfinished ones, let the update apply, and continue each from its tokens so far."""
+        engine = self.llm.llm_engine
+        running: dict[str, _Sequence] = {}
+
+        def submit(seq: _Sequence) -> None:
+            request_id = f"r{next(self._ids)}"
+            seq.kept = len(seq.tokens)
+            seq.kept_text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True) if seq.tokens else ""
+            params = self._continuation_params(seq)
+            engine.add_request(
+                request_id, {"prompt_token_ids": seq.prompt + seq.tokens}, params, lora_request=self._lora
+            )
+            running[request_id] = seq
+
+        try:
+            for job in jobs:
+                job.results = [RawCompletion([], [], FinishReason.ABORT, "")] * job.num_rows
+                if job.cancel.cancelled:
+                    continue
+                for i, prompt in enumerate(job.prompt_token_ids):
+                    for j in range(job.n):
+                        submit(_Sequence(job, i * job.n + j, list(prompt), _sample_seed(job, i, j)))
+            steps = 0
+            while running:
+                cancelled = sorted(rid for rid, seq in running.items() if seq.job.cancel.cancelled)
+                if cancelled:
+                    engine.abort_request(cancelled)
+                    for rid in cancelled:
+                        del running[rid]
+                if not running or not engine.has_unfinished_requests():
+                    break
+                for output in engine.step():
+                    seq = running.get(output.request_id)
+                    if seq is None:
+                        continue
+                    seq.take(output.outputs[0], pause.version)
+                    if output.finished:
+                        del running[output.request_id]
+                        seq.job.results[seq.index] = seq.result(output.outputs[0])
+                steps += 1
+                if running and steps % pause.segment_tokens == 0 and pause.requested:
+                    engine.abort_request(sorted(running))
+                    paused = list(running.values())
+                    running.clear()
+                    pause.pause()
+                    for seq in paused:
+                        submit(seq)
+        finally:
+            if running:
+                engine.abort_request(sorted(running))
+
+    def _continuation_params(self, seq: _Sequence) -> SamplingParams:
+        """``seq``'s sampling for the rest of its tokens (a fresh seed per continuation point)."""
+        s: SamplingSpec = seq.job.sampling
+        done = len(seq.tokens)
+        return SamplingParams(
+            n=1,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            min_p=s.min_p,
+            max_tokens=s.max_tokens - done,
+            min_tokens=max(0, s.min_tokens - done),
+            stop=list(s.stop) or None,
+            seed=None if seq.seed is None else derive_seed(seq.seed, done),
+            repetition_penalty=s.repetition_penalty,
+            logprobs=0,
+            skip_special_tokens=True,
+            output_kind=RequestOutputKind.CUMULATIVE,
+        )
 
     def _sampling_params(self, job: GenerationJob, prompt_index: int) -> SamplingParams:
         """vLLM derives the seeds of the n samples from ``seed`` (seed + index); each prompt gets
@@ -306,6 +391,39 @@ class VllmEngine(Engine):
             deleter.join()
         if self._owns_work_dir:
             shutil.rmtree(self._work, ignore_errors=True)
+
+
+def _sample_seed(job: GenerationJob, prompt_index: int, sample_index: int) -> int | None:
+    seed = job.sampling.seed
+    return None if seed is None else derive_seed(seed, prompt_index, sample_index)
+
+
+@dataclass
+class _Sequence:
+    """One sequence of a partial-rollout batch: what its earlier requests produced (``kept`` tokens, whose
+    text is ``kept_text``) and, after each step, its current request's cumulative output appended."""
+
+    job: GenerationJob
+    index: int  # in job.results
+    prompt: list[int]
+    seed: int | None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    kept: int = 0
+    kept_text: str = ""
+
+    def take(self, completion, version: int) -> None:
+        """The current request's cumulative output, sampled by ``version`` where it is new."""
+        before = len(self.tokens)
+        self.tokens = self.tokens[: self.kept] + list(completion.token_ids)
+        self.logprobs = self.logprobs[: self.kept] + _raw(completion).logprobs
+        self.versions = self.versions[:before] + [version] * (len(self.tokens) - before)
+
+    def result(self, completion) -> RawCompletion:
+        finish = FINISH.get(completion.finish_reason or "abort", FinishReason.ABORT)
+        text = self.kept_text + completion.text
+        return RawCompletion(self.tokens, self.logprobs, finish, text, self.versions)
 
 
 def _raw(completion) -> RawCompletion:

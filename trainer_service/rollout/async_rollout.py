@@ -58,7 +58,7 @@ from typing import Any
 
 from torch.utils.data import Sampler
 
-from grpo_runtime.prompt_groups import prompt_key
+from grpo_runtime.prompt_groups import prompt_key, prompt_runs
 from trainer_service.rollout.core_borrowing import CoreBorrowing
 from trainer_service.rollout.replicas import RolloutUnavailable
 from trainer_service.rollout.service_rollout import ServiceRollout
@@ -120,6 +120,7 @@ class AsyncStats:
     discarded: int = 0  # completions thrown away whole for staleness (the batch-level rule only)
     partial_completions: int = 0  # trained completions whose tokens came from more than one version
     masked_tokens: int = 0  # tokens given zero loss weight by the per-token bound
+    regenerated: int = 0  # completions of groups sampled again because one of them kept no token
     max_token_staleness: int = 0  # largest lag of any prefetched token
     tokens: TokenStaleness | None = None  # the latest trained prefetch (partial rollouts)
 
@@ -198,7 +199,7 @@ class AsyncServiceRollout:
             return self.inner(prompts, trainer)
         keys = [prompt_key(p) for p in prompts]
         step = int(trainer.state.global_step)
-        result = self._take_prefetched(keys, trainer)
+        result = self._take_prefetched(keys, trainer, prompts)
         if result is None:
             result = self.inner(prompts, trainer)
             self.trainer_version = self.inner.sync.current_version
@@ -206,7 +207,7 @@ class AsyncServiceRollout:
         self._start_prefetch(keys, step + 1)
         return result
 
-    def _take_prefetched(self, keys: list[str], trainer: Any) -> dict[str, list] | None:
+    def _take_prefetched(self, keys: list[str], trainer: Any, prompts: list[Any]) -> dict[str, list] | None:
         pending, self._pending = self._pending, None
         if pending is None:
             self.stats.prefetch_misses += 1
@@ -231,7 +232,7 @@ class AsyncServiceRollout:
             return None
         current = sync.current_version if sync.enabled else sync.follow_service_version(trainer)
         if self.partial:
-            return self._bounded_per_token(completions, int(current))
+            return self._bounded_per_token(completions, int(current), prompts, trainer)
         versions = [int(c.policy_version) for c in completions]
         decision = judge_staleness(versions, int(current), self.max_staleness)
         if not decision.accept:
@@ -251,20 +252,48 @@ class AsyncServiceRollout:
         self.trainer_version = int(current)
         return self.inner.to_trl(completions, expected_version=None)
 
-    def _bounded_per_token(self, completions: list[Any], current: int) -> dict[str, list]:
-        """Train on the whole prefetch, each token weighted by the per-token bound at version ``current``."""
-        # A server without per-token versions: every token is of the completion's version.
-        versions = [
-            [int(v) for v in c.token_versions] or [int(c.policy_version)] * len(c.token_ids)
-            for c in completions
-        ]
-        keep, summary = bound_tokens(versions, current, self.max_staleness)
+    def _bounded_per_token(
+        self, completions: list[Any], current: int, prompts: list[Any], trainer: Any
+    ) -> dict[str, list] | None:
+        """Train on the prefetch, each token weighted by the per-token bound at version ``current``.
+
+        A group with a completion that keeps no token (all of it sampled before the last ``max_staleness``
+        pushes) is sampled again at ``current``: training on it would only spend a step on a group whose
+        advantages come from a completion the loss never sees. The rest of the batch stays as generated.
+        None (a miss: the synchronous path retries) when that generation fails.
+        """
+        keep, summary = bound_tokens(_token_versions(completions), current, self.max_staleness)
         stats = self.stats
+        stats.max_token_staleness = max(stats.max_token_staleness, summary.max_lag)
+        stale = [
+            (start, count)
+            for start, count in prompt_runs(prompts, self.inner.num_generations)
+            if any(completions[i].token_ids and not any(keep[i]) for i in range(start, start + count))
+        ]
+        if stale:
+            again = [prompts[i] for start, count in stale for i in range(start, start + count)]
+            try:
+                with self.inner.sync.generation(trainer) as version:
+                    fresh = iter(self.inner.generate(again, int(trainer.state.global_step)))
+            except Exception as error:
+                log.warning(
+                    "regenerating %d stale completions failed (%s); generating synchronously",
+                    len(again),
+                    error,
+                )
+                self.stats.prefetch_misses += 1
+                return None
+            completions = list(completions)
+            for start, count in stale:
+                for i in range(start, start + count):
+                    completions[i] = next(fresh)
+            stats.regenerated += len(again)
+            current = int(version)
+            keep, summary = bound_tokens(_token_versions(completions), current, self.max_staleness)
         stats.prefetch_hits += 1
         stats.tokens = summary
         stats.partial_completions += summary.partial_completions
         stats.masked_tokens += summary.masked
-        stats.max_token_staleness = max(stats.max_token_staleness, summary.max_lag)
         stats.staleness = current - min(int(c.policy_version) for c in completions)
         stats.max_staleness_seen = max(stats.max_staleness_seen, stats.staleness)
         self.trainer_version = current
@@ -329,6 +358,7 @@ class AsyncServiceRollout:
             tokens = self.stats.tokens
             metrics["async/partial_completions"] = self.stats.partial_completions
             metrics["async/masked_tokens"] = self.stats.masked_tokens
+            metrics["async/regenerated"] = self.stats.regenerated
             metrics["async/max_token_staleness"] = self.stats.max_token_staleness
             # The latest trained batch (a synchronous step: every token of lag 0, nothing masked).
             fractions = tokens.lag_fractions() if tokens is not None else {0: 1.0}
@@ -338,3 +368,10 @@ class AsyncServiceRollout:
         if self.cores is not None:
             metrics["async/cores_borrowed"] = self.cores.borrows
         return metrics
+
+
+def _token_versions(completions: list[Any]) -> list[list[int]]:
+    """Each completion's per-token versions (a server without them: every token of ``policy_version``)."""
+    return [
+        [int(v) for v in c.token_versions] or [int(c.policy_version)] * len(c.token_ids) for c in completions
+    ]

@@ -11,8 +11,9 @@ the lag of a token is ``c - token_versions[t]``. The bound holds per token:
 A kept token trains with its importance ratio; a dropped one gets zero loss weight (it is multiplied into
 the ``env_mask`` TRL trains on, ``completion_mask × tool_mask``), and still conditions the tokens after it,
 as the prompt does. Nothing is discarded wholesale: the fresh tail of a completion whose head is too old
-still trains, and a completion left with no kept token adds nothing to the loss (its group's advantages
-are computed from rewards of the whole completions, as always).
+still trains. A completion left with no kept token would add nothing to the loss while its reward still
+shapes its group's advantages, so the async rollout samples that group again at the trainer's version
+(``AsyncServiceRollout``; counted in ``async/regenerated``).
 """
 
 from __future__ import annotations

@@ -40,8 +40,9 @@ def test_partial_rollouts_discard_nothing_and_train_no_token_beyond_the_bound(
         assert record["async/max_trained_token_lag"] <= 0, record  # no token with lag > 0 has loss weight
         assert record["async/tokens_lag0"] + record["async/tokens_lag1"] == pytest.approx(1.0)
     last = records[-1]
-    # The prefetches were trained on (with max_staleness 0 the batch-level rule would drop every one of them),
-    # their tokens from before the push masked out.
+    # The prefetches were trained on (with max_staleness 0 the batch-level rule drops every one of them):
+    # their tokens sampled before the push masked out, or their groups sampled again where nothing of a
+    # completion was left to train.
     assert last["async/prefetch_hits"] >= 1
-    assert last["async/masked_tokens"] > 0 and any(r["async/tokens_lag1"] > 0 for r in records)
-    assert last["async/max_token_staleness"] <= 1
+    assert last["async/max_token_staleness"] == 1
+    assert last["async/masked_tokens"] + last["async/regenerated"] > 0

@@ -3,6 +3,7 @@ prefetch that spanned weight updates hands to TRL."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -46,15 +47,20 @@ def completion(versions: list[int]) -> SimpleNamespace:
     )
 
 
-def test_a_prefetch_spanning_an_update_trains_whole_with_stale_tokens_masked():
+def make_rollout(max_staleness: int) -> AsyncServiceRollout:
     inner = ServiceRollout(
         client=None,
         sync=WeightSync(client=None),
         sampling=SamplingConfig(temperature=1.0, top_p=1.0, max_tokens=4),
         num_generations=2,
     )
-    rollout = AsyncServiceRollout(inner, max_staleness=0)
-    out = rollout._bounded_per_token([completion([6, 6, 7, 7]), completion([7, 7, 7])], current=7)
+    return AsyncServiceRollout(inner, max_staleness=max_staleness)
+
+
+def test_a_prefetch_spanning_an_update_trains_whole_with_stale_tokens_masked():
+    rollout = make_rollout(max_staleness=0)
+    batch = [completion([6, 6, 7, 7]), completion([7, 7, 7])]
+    out = rollout._bounded_per_token(batch, current=7, prompts=["a", "a"], trainer=None)
     assert out["env_mask"] == [[0, 0, 1, 1], [1, 1, 1]]  # zero loss weight on the stale head, nothing dropped
     assert out["completion_ids"] == [[10, 11, 12, 13], [10, 11, 12]]
     metrics = rollout.metrics()
@@ -62,4 +68,37 @@ def test_a_prefetch_spanning_an_update_trains_whole_with_stale_tokens_masked():
     assert metrics["async/partial_completions"] == 1 and metrics["async/masked_tokens"] == 2
     assert metrics["async/tokens_lag0"] == pytest.approx(5 / 7)
     assert metrics["async/tokens_lag1"] == pytest.approx(2 / 7)
+    assert metrics["async/max_token_staleness"] == 1 and metrics["async/max_trained_token_lag"] == 0
+
+
+class VersionedSync:
+    """The part of WeightSync a regeneration uses: a generation context yielding the trainer's version."""
+
+    def __init__(self, version: int):
+        self.version = version
+        self.generations = 0
+
+    @contextmanager
+    def generation(self, trainer):
+        self.generations += 1
+        yield self.version
+
+
+def test_a_group_with_a_completion_that_keeps_no_token_is_sampled_again():
+    rollout = make_rollout(max_staleness=0)
+    rollout.inner.sync = VersionedSync(7)
+    asked: list[list[str]] = []
+
+    def generate(prompts, step, partial=False):
+        asked.append(list(prompts))
+        return [completion([7, 7]) for _ in prompts]
+
+    rollout.inner.generate = generate
+    batch = [completion([6, 7]), completion([7, 7]), completion([6, 6]), completion([7])]
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=3))
+    out = rollout._bounded_per_token(batch, current=7, prompts=["a", "a", "b", "b"], trainer=trainer)
+    assert asked == [["b", "b"]]  # group b had a completion of only stale tokens; group a trains its tail
+    assert out["env_mask"] == [[0, 1], [1, 1], [1, 1], [1, 1]]
+    metrics = rollout.metrics()
+    assert metrics["async/regenerated"] == 2 and metrics["async/discarded"] == 0
     assert metrics["async/max_token_staleness"] == 1 and metrics["async/max_trained_token_lag"] == 0
