@@ -6,7 +6,10 @@
   sampled token's): log_softmax(logits / T) after penalties — equal to TRL's recomputation
   log_softmax(logits / T) when top_k, top_p, min_p and repetition_penalty are off (TRL's
   defaults); with those filters on, vLLM reports the filtered distribution, as TRL's own vLLM
-  path does.
+  path does. So it does for ``min_tokens``: while EOS is masked, a token's logprob is
+  log p − log(1 − p_EOS), where TRL (and the HF engine) report log p. The trainer asks for
+  ``min_tokens=1``, so each completion's first token differs by that (1.3e-3 with the tiny
+  policy, docs/trainer.md); the trainer always corrects for this engine's sampler.
 - Partial rollouts (a ``pause`` handed to ``generate``): each sequence is its own engine request
   (n = 1) with cumulative outputs, so the tokens so far are known after every step. When an update
   waits at a segment boundary (every ``pause.segment_tokens`` engine steps, about as many tokens per
