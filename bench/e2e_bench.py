@@ -429,6 +429,18 @@ def bench_trl_async(config_dict: dict, data: Path, url: str) -> dict:
     return {"gaps": step_gaps(clock.times), "pushes": []}
 
 
+def source_commit() -> str | None:
+    """The checkout's HEAD (``+dirty`` when tracked files differ from it), None outside a git checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT, check=False).returncode != 0
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
 def write_report(
     out: Path, runs: dict[str, list[dict]], setup: dict, started: float, load_at_start: tuple, complete: bool
 ) -> None:
@@ -487,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer_threads, rollout_threads = (None, None) if args.no_thread_split else overlap_threads()
     trio = {"importance_sampling": args.importance_sampling}
     setup = {
+        "commit": source_commit(),
         "model": str(args.model.relative_to(ROOT) if args.model.is_relative_to(ROOT) else args.model),
         "steps": args.steps,
         "rounds": args.rounds,
