@@ -52,10 +52,9 @@ def confined_directory(root: Path, path: str | Path, field: str) -> Path:
     return directory
 
 
-def read_confined(root: Path, path: Path, max_bytes: int, field: str) -> memoryview:
-    """The bytes of the regular file ``path`` under ``root`` (a writable view, so the payload
-    parser takes tensors from it without a copy), at most ``max_bytes`` of them
-    (RESOURCE_EXHAUSTED beyond, before anything is read)."""
+def open_confined(root: Path, path: Path, field: str) -> tuple[int, os.stat_result]:
+    """(descriptor, its ``fstat``) of the regular file ``path`` under ``root``, opened read-only as the
+    module docstring says (steps 1-3, without the size cap); the caller closes it."""
     resolved = resolve_under(root, path, field)
     try:
         fd = os.open(resolved, _OPEN_FLAGS)
@@ -68,6 +67,18 @@ def read_confined(root: Path, path: Path, max_bytes: int, field: str) -> memoryv
         opened = _descriptor_path(fd)
         if opened is not None and not is_within(opened, (root,)):
             raise PermissionDenied(f"{path.name!r} is outside the server's weights_root", field=field)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, info
+
+
+def read_confined(root: Path, path: Path, max_bytes: int, field: str) -> memoryview:
+    """The bytes of the regular file ``path`` under ``root`` (a writable view, so the payload
+    parser takes tensors from it without a copy), at most ``max_bytes`` of them
+    (RESOURCE_EXHAUSTED beyond, before anything is read)."""
+    fd, info = open_confined(root, path, field)
+    try:
         if info.st_size > max_bytes:
             raise ResourceExhausted(
                 f"{path.name!r} has {info.st_size} bytes, more than the {max_bytes} the server's "

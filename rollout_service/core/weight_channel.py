@@ -27,7 +27,6 @@ import mmap
 import os
 import re
 import secrets
-import stat
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grpo_runtime.errors import FailedPrecondition, InvalidArgument, PermissionDenied, ResourceExhausted
+from grpo_runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from rollout_service.core.confined_files import open_confined
 from rollout_service.core.types import WeightFormat, WeightTransport
 from rollout_service.engines.torch_group import BroadcastGroup, GroupSpec
 
@@ -56,7 +56,6 @@ MAX_DIMS = 8
 TOKEN_PREFIX = ".grpo-weight-shm-"
 # Bucket file names: a plain name, no path separator, no leading dot (the token file's).
 _BUCKET_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -417,17 +416,11 @@ class SharedMemoryDir:
 
     def _map(self, i: int, name: str, size: int) -> torch.Tensor:
         where = f"bucket_files[{i}]"
+        path = self.directory / name
+        if path.is_symlink():  # the sender writes regular files; a link is someone else's doing
+            raise InvalidArgument(f"{name!r} is a symbolic link", field=where)
+        fd, info = open_confined(self.directory, path, where)
         try:
-            fd = os.open(self.directory / name, _OPEN_FLAGS)
-        except OSError as exc:
-            raise InvalidArgument(f"cannot open {name!r} ({exc.strerror})", field=where) from exc
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise InvalidArgument(f"{name!r} is not a regular file", field=where)
-            opened = Path(os.readlink(f"/proc/self/fd/{fd}"))
-            if opened.parent != self.directory:
-                raise PermissionDenied(f"{name!r} is outside the shared-memory directory", field=where)
             if info.st_size != size:
                 raise InvalidArgument(f"{name!r} has {info.st_size} bytes, the bucket {size}", field=where)
             identity = (info.st_dev, info.st_ino, size)
