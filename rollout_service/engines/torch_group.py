@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -95,17 +96,28 @@ class BroadcastGroup:
                 f"{spec.world_size} within {spec.timeout_s:g} s ({exc})"
             ) from exc
 
-    def broadcast(self, buffer: torch.Tensor) -> None:
-        """Broadcast ``buffer`` from rank 0 (in place on the other ranks). A peer that left or a
-        timeout raises FAILED_PRECONDITION."""
+    def broadcast(
+        self,
+        buffers: Sequence[torch.Tensor],
+        fill: Callable[[int, torch.Tensor], None] | None = None,
+    ) -> None:
+        """Broadcast every buffer from rank 0 (in place on the other ranks), in order. ``fill(i, buffer)``
+        (sender) writes buffer i just before its broadcast starts, while the earlier ones are in flight.
+        A peer that left or a timeout raises FAILED_PRECONDITION."""
         options = dist.BroadcastOptions()
         options.rootRank = 0
         try:
-            self._group.broadcast([buffer], options).wait()
+            works = []
+            for index, buffer in enumerate(buffers):
+                if fill is not None:
+                    fill(index, buffer)
+                works.append(self._group.broadcast([buffer], options))
+            for work in works:
+                work.wait()
         except (RuntimeError, dist.DistError) as exc:
             raise FailedPrecondition(f"the weight group broke during a broadcast ({exc})") from exc
-        if buffer.is_cuda:
-            torch.cuda.synchronize(buffer.device)
+        if any(buffer.is_cuda for buffer in buffers):
+            torch.cuda.synchronize(buffers[0].device)
 
     def close(self) -> None:
         """Leave the group (its peers' pending broadcasts fail instead of waiting)."""

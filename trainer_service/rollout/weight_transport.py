@@ -100,6 +100,7 @@ class WeightTransports:
         self._files: dict[str, BucketFiles] = {}  # shm directory → this sender's bucket files there
         self._group: BroadcastGroup | None = None
         self._group_members: tuple[str, ...] = ()
+        self._group_buffers: list[torch.Tensor] = []  # kept from push to push, like the bucket files
         self._lock = threading.Lock()  # one push at a time (the files and the group are reused)
         self.last: dict[str, PushRecord] = {}
 
@@ -286,6 +287,7 @@ class WeightTransports:
         self._open.update(members)
 
     def _close_group(self) -> None:
+        self._group_buffers = []
         group, self._group, self._group_members = self._group, None, ()
         if group is not None:
             group.close()
@@ -310,11 +312,13 @@ class WeightTransports:
                 for _, client in members
             ]
             broken: Exception | None = None
+            sizes = list(plan.bucket_bytes)
+            if [len(b) for b in self._group_buffers] != sizes:
+                self._group_buffers = [torch.empty(s, dtype=torch.uint8, device=group.device) for s in sizes]
             try:
-                for index, size in enumerate(plan.bucket_bytes):
-                    bucket = torch.empty(size, dtype=torch.uint8, device=group.device)
-                    fill_bucket(bucket, plan, index, state_dict)
-                    group.broadcast(bucket)
+                group.broadcast(
+                    self._group_buffers, lambda index, bucket: fill_bucket(bucket, plan, index, state_dict)
+                )
             except Exception as error:
                 broken = error
                 self._close_group()  # the members' receives fail instead of waiting

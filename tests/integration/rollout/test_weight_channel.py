@@ -191,10 +191,8 @@ def test_gloo_push_serves_what_the_stream_serves(client, perturbed):
             target=lambda: result.append(client.push_from_channel(plan, version, WeightFormat.STATE_DICT))
         )
         call.start()
-        for index, size in enumerate(plan.bucket_bytes):
-            bucket = torch.empty(size, dtype=torch.uint8)
-            fill_bucket(bucket, plan, index, perturbed[0])
-            group.broadcast(bucket)
+        buckets = [torch.empty(size, dtype=torch.uint8) for size in plan.bucket_bytes]
+        group.broadcast(buckets, lambda index, bucket: fill_bucket(bucket, plan, index, perturbed[0]))
         call.join(60)
         assert result and result[0].transport == WeightTransport.TORCH_DISTRIBUTED
         via_group = _tokens(client)
@@ -236,6 +234,20 @@ def test_trainer_sender_picks_shared_memory_then_falls_back(client, server, pert
             assert sender.last[plain.address].transport == WeightTransport.GRPC_STREAM
         finally:
             sender.close()
+        # Configured for a group, the trainer hosts one with this replica (buffers kept for the 2nd push).
+        sender = WeightTransports("distributed", bucket_bytes=256 << 10)
+        try:
+            for version, weights in ((2, perturbed[1]), (3, perturbed[0])):
+                (outcome,) = sender.push([(plain.address, other)], version, weights, None)
+                assert not isinstance(outcome, Exception), outcome
+                assert sender.last[plain.address].transport == WeightTransport.TORCH_DISTRIBUTED
+            via_group = _tokens(other)
+        finally:
+            sender.close()
+        assert other.status().weight_transport == WeightTransport.GRPC_STREAM
+        other.push_state_dict(perturbed[1], 4)
+        other.push_state_dict(perturbed[0], 5)
+        assert _tokens(other) == via_group
 
 
 def _lora(tiny_models, seed: int) -> tuple[dict[str, torch.Tensor], dict]:
