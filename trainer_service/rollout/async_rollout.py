@@ -372,6 +372,12 @@ class AsyncServiceRollout:
 
 def _token_versions(completions: list[Any]) -> list[list[int]]:
     """Each completion's per-token versions (a server without them: every token of ``policy_version``)."""
-    return [
-        [int(v) for v in c.token_versions] or [int(c.policy_version)] * len(c.token_ids) for c in completions
-    ]
+    out = []
+    for index, c in enumerate(completions):
+        versions = [int(v) for v in c.token_versions] or [int(c.policy_version)] * len(c.token_ids)
+        if len(versions) != len(c.token_ids):
+            raise RuntimeError(
+                f"completion {index} has {len(c.token_ids)} tokens but {len(versions)} token versions"
+            )
+        out.append(versions)
+    return out

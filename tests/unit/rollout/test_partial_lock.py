@@ -1,10 +1,13 @@
 """The weights lock with partial rollouts: a batch that pauses lets a waiting update through and takes the
-lock back before any other writer; a sleep never preempts a batch."""
+lock back before any other writer; a sleep never preempts a batch; the batcher keeps partial-rollout jobs
+apart from single-version ones."""
 
 from __future__ import annotations
 
 import asyncio
 
+from rollout_service.core.scheduler import BatchScheduler
+from rollout_service.core.types import GenerationJob, SamplingSpec
 from rollout_service.core.versioning import ReadWriteLock, UpdatePause
 
 
@@ -52,3 +55,18 @@ async def test_the_engine_thread_pauses_through_update_pause():
         assert await asyncio.wait_for(asyncio.to_thread(pause.pause), 30) == 4  # generous: "did not hang"
         assert pause.version == 4 and pause.pauses == 1 and order == ["update"]
     await task
+
+
+async def test_partial_and_single_version_jobs_never_share_a_batch():
+    batches: list[list[bool]] = []
+
+    async def run(jobs: list[GenerationJob]) -> None:
+        batches.append([j.continue_across_updates for j in jobs])
+
+    scheduler = BatchScheduler(run, window_s=0.05, max_rows=100)
+    scheduler.start()
+    flags = [False, False, True, True, False]
+    jobs = [GenerationJob([[1]], 1, SamplingSpec(), continue_across_updates=f) for f in flags]
+    await asyncio.wait_for(asyncio.gather(*(scheduler.submit(j) for j in jobs)), 30)
+    await scheduler.close()
+    assert batches == [[False, False], [True, True], [False]]  # in arrival order, each of one kind

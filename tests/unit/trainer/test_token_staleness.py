@@ -102,3 +102,10 @@ def test_a_group_with_a_completion_that_keeps_no_token_is_sampled_again():
     metrics = rollout.metrics()
     assert metrics["async/regenerated"] == 2 and metrics["async/discarded"] == 0
     assert metrics["async/max_token_staleness"] == 1 and metrics["async/max_trained_token_lag"] == 0
+
+
+def test_versions_that_do_not_match_the_tokens_are_refused():
+    broken = completion([7, 7, 7])
+    broken.token_versions = [7, 7]
+    with pytest.raises(RuntimeError, match="3 tokens but 2 token versions"):
+        make_rollout(max_staleness=1)._bounded_per_token([broken], current=7, prompts=["a"], trainer=None)
