@@ -63,6 +63,8 @@ def test_output_dir_joins_experiment_name():
         (with_training(max_staleness=-1), "training.max_staleness", "greater than or equal to 0"),
         (with_training(report_to=[]), "training.report_to", "at least one"),
         (with_training(device="tpu"), "training.device", "'cpu' or 'cuda'"),
+        (with_training(weight_transport="nccl"), "training.weight_transport", "'auto'"),
+        (with_training(weight_bucket_mb=0), "training.weight_bucket_mb", "greater than or equal to 1"),
         (with_training(batch_size=6, num_generations=4), "training.batch_size", "multiple of"),
         (with_training(grpo_variant="nonsense"), "training.grpo_variant", "unknown variant"),
         (with_training(grpo_variant="two_sided"), "training.grpo_delta", "two_sided needs"),
