@@ -17,7 +17,7 @@ import itertools
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -49,16 +49,25 @@ class ParamCatalog:
 
     Built from a meta-device instance of the model's config, so it costs no memory and works
     for engines (vLLM) that do not hold an HF module in this process.
+
+    ``aliases``: a second name of a tied parameter → its first name in ``named_parameters()``
+    order (a tied model: ``lm_head.weight`` → ``model.embed_tokens.weight``).
     """
 
     shapes: dict[str, tuple[int, ...]]
+    aliases: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> ParamCatalog:
         config = AutoConfig.from_pretrained(model_dir)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-        return cls({name: tuple(t.shape) for name, t in model.state_dict().items()})
+        first: dict[int, str] = {}
+        aliases = {}
+        for name, param in model.named_parameters(remove_duplicate=False):
+            if (canonical := first.setdefault(id(param), name)) != name:
+                aliases[name] = canonical
+        return cls({name: tuple(t.shape) for name, t in model.state_dict().items()}, aliases)
 
     @property
     def max_payload_bytes(self) -> int:
@@ -222,8 +231,31 @@ def validate_tensors(
                     f"parameter {name!r} has shape {list(tensor.shape)}, the model has {list(expected)}",
                     field="data",
                 )
-        return ValidatedUpdate(version, fmt, state_dict=tensors, nbytes=nbytes)
+        return ValidatedUpdate(version, fmt, state_dict=_fold_aliases(tensors, catalog), nbytes=nbytes)
     raise InvalidArgument("must be LORA_ADAPTER or STATE_DICT", field="format")
+
+
+def _fold_aliases(tensors: dict[str, torch.Tensor], catalog: ParamCatalog) -> dict[str, torch.Tensor]:
+    """The state dict with each tied parameter under its first name only.
+
+    A tied model's ``state_dict()`` holds the shared tensor under both names (``lm_head.weight``
+    alone is the same parameter too). The engines load it once, under the first name; differing
+    values under the two names are refused rather than one of them winning unseen (which one
+    would differ between engines).
+    """
+    folded = dict(tensors)
+    for alias, canonical in catalog.aliases.items():
+        if alias not in folded:
+            continue
+        tensor = folded.pop(alias)
+        if canonical not in folded:
+            folded[canonical] = tensor
+        elif not torch.equal(folded[canonical], tensor):
+            raise InvalidArgument(
+                f"tensor {alias!r} is tied to {canonical!r} in this model, but their values differ",
+                field="data",
+            )
+    return folded
 
 
 def _validate_lora(

@@ -23,7 +23,8 @@
   ``LoRARequest(name=f"v{version}", int_id=version)`` before it serves; the previous one is
   then removed.
 - State dict: loaded in place in the worker(s) with vLLM's layer-wise ``reload_weights`` (it
-  maps HF names onto fused qkv/gate_up parameters and LoRA-wrapped layers), then the prefix
+  maps HF names onto fused qkv/gate_up parameters and LoRA-wrapped layers), a tied LM head's
+  CPU GEMM is rebuilt from the new embeddings (``load_state_dict_in_worker``), then the prefix
   cache is reset so no KV computed by old weights is reused.
 - Sleep on CUDA: the real ``LLM.sleep(level)`` / ``wake_up(tags)`` (``enable_sleep_mode``).
   On CPU vLLM refuses sleep mode, so both levels shut the engine down (its processes exit and
@@ -54,6 +55,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 from vllm import LLM, SamplingParams
 from vllm.lora.request import LoRARequest
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.sampling_params import RequestOutputKind
 
 from grpo_runtime.errors import InvalidArgument
@@ -70,9 +72,25 @@ FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": Fin
 
 
 def load_state_dict_in_worker(worker, path: str) -> None:
-    """Runs inside each vLLM worker: load a safetensors (partial) state dict in place."""
+    """Runs inside each vLLM worker: load a safetensors (partial) state dict in place.
+
+    A tied LM head shares its weight with the input embeddings, so the reload writes the new
+    values into it but leaves the head's layer unprocessed (no tensor of its own was loaded).
+    On CPU that processing is what packs the weight for the logits GEMM (a copy), so the head
+    would keep computing logits with the old embeddings: it is redone for every tied head.
+    """
     tensors = load_file(path)
     worker.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
+    model = worker.model_runner.get_model()
+    modules = list(model.modules())
+    embeddings = {
+        id(m.weight)
+        for m in modules
+        if isinstance(m, VocabParallelEmbedding) and not isinstance(m, ParallelLMHead)
+    }
+    for module in modules:
+        if isinstance(module, ParallelLMHead) and id(module.weight) in embeddings:
+            module.quant_method.process_weights_after_loading(module)
 
 
 class VllmEngine(Engine):

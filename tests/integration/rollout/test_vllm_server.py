@@ -168,3 +168,26 @@ def test_sleep_frees_memory_and_wake_restores_the_latest_weights(client):
     results = client.generate(PROMPTS, n=2, sampling=SAMPLING)
     assert {r.policy_version for r in results} == {2}
     assert [r.token_ids for r in results] == [r.token_ids for r in reference_results]
+
+
+def test_tied_embeddings_update_the_lm_head(client, tiny_models):
+    """The policy ties its LM head to the input embeddings: a push that changes them (alone, or as
+    a full ``state_dict()`` holding both names) changes the logits too."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["policy"], dtype=torch.float32).eval()
+    version = client.status().policy_version
+    full = {name: tensor * 1.1 for name, tensor in model.state_dict().items()}
+    assert torch.equal(full["lm_head.weight"], full["model.embed_tokens.weight"])
+    client.push_state_dict(full, version=version + 1)
+    model.load_state_dict(full)
+    assert max_logprob_error(model, client.generate(PROMPTS, n=2, sampling=SAMPLING), 0.8) <= TOLERANCE
+
+    embeddings = {"model.embed_tokens.weight": full["model.embed_tokens.weight"] * 1.3}
+    client.push_state_dict(embeddings, version=version + 2)
+    model.load_state_dict(embeddings, strict=False)
+    assert max_logprob_error(model, client.generate(PROMPTS, n=2, sampling=SAMPLING), 0.8) <= TOLERANCE
+
+    differing = {**embeddings, "lm_head.weight": embeddings["model.embed_tokens.weight"] * 2}
+    with pytest.raises(InvalidArgumentError) as info:
+        client.push_state_dict(differing, version=version + 3)
+    assert info.value.field == "data" and "lm_head.weight" in str(info.value)
+    assert client.status().policy_version == version + 2

@@ -72,6 +72,25 @@ def test_state_dict_checks(catalog):
     assert field_of(lambda: validate_payload(unspecified, catalog)) == "format"
 
 
+def test_a_tied_parameter_is_kept_under_its_first_name_only(catalog):
+    assert catalog.aliases == {"lm_head.weight": "model.embed_tokens.weight"}
+    embed = torch.randn(513, 128)
+
+    def validated(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return validate_payload(payload(state_dict_bytes(tensors)), catalog).state_dict
+
+    both = validated({"model.embed_tokens.weight": embed, "lm_head.weight": embed.clone()})
+    head_only = validated({"lm_head.weight": embed})
+    for state in (both, head_only):
+        assert list(state) == ["model.embed_tokens.weight"] and torch.equal(
+            state["model.embed_tokens.weight"], embed
+        )
+    differing = {"model.embed_tokens.weight": embed, "lm_head.weight": embed + 1}
+    with pytest.raises(InvalidArgument, match=re.escape("lm_head.weight")) as info:
+        validated(differing)
+    assert info.value.field == "data"
+
+
 def test_lora_delta_matches_peft_merge(catalog, lora):
     model, tensors, config_json = lora
     update = validate_payload(
