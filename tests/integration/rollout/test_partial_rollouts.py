@@ -100,8 +100,8 @@ def test_update_mid_generation_switches_weights_at_a_boundary(server, client, ti
     old = {name: tensor.clone() for name, tensor in base_state.items()}
     client.push_state_dict(old, version=old_version + 1)
     old_version += 1
-    # The embeddings (tied to the LM head) stay: every other tensor changes.
-    new = {name: tensor * 1.1 if "embed" not in name else tensor for name, tensor in base_state.items()}
+    # Every tensor changes, the embeddings (tied to the LM head) included.
+    new = {name: tensor * 1.1 for name, tensor in base_state.items()}
     new_version = old_version + 1
     applied: list[int] = []
 
