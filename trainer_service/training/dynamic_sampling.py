@@ -109,7 +109,8 @@ def merge_groups(
     Per-sample tensors (dim 0 = completions, prompt-major groups of ``group_size``) are gathered group by
     group and padded to a common width (prompts on the left, completions on the right);
     ``num_items_in_batch`` is recounted as the active loss tokens (``completion_mask`` × ``tool_mask``) of
-    the merged batch. A key this function does not know how to merge (multimodal inputs) is an error.
+    the merged batch; a round without ``tool_mask`` counts as all ones beside rounds with one. A key this
+    function does not know how to merge (multimodal inputs) is an error.
     """
     keys = list(batches[0])
     merged: dict[str, Any] = {}
@@ -117,6 +118,13 @@ def merge_groups(
         if key == "num_items_in_batch":
             continue
         values = [batch.get(key) for batch in batches]
+        if key == "tool_mask" and any(value is not None for value in values):
+            # TRL reads a missing tool_mask as "every completion token trains"; a round that masked tokens
+            # (tool results, stale tokens of a partial rollout) can meet one that masked none.
+            values = [
+                torch.ones_like(batch["completion_mask"]) if value is None else value
+                for batch, value in zip(batches, values, strict=True)
+            ]
         if any(value is None for value in values):
             if all(value is None for value in values):
                 merged[key] = None

@@ -71,6 +71,17 @@ def test_merge_groups_pads_prompts_left_completions_right_and_recounts_tokens():
     assert merged["ref_per_token_logps"] is None
 
 
+def test_merge_groups_reads_a_missing_tool_mask_as_all_ones_beside_a_round_with_one():
+    first = _round(3, 4, [0.0] * G + [1.0, -1.0, 0.5, -0.5])
+    first["tool_mask"] = torch.ones_like(first["completion_mask"])
+    first["tool_mask"][:, 0] = 0  # e.g. a stale token of a partial rollout
+    second = _round(5, 2, [2.0, -2.0, 0.0, 0.0])
+    merged = merge_groups([first, second], [(0, 1), (1, 0)], G, pad_token_id=0)
+    assert merged["tool_mask"][0].tolist() == [0, 1, 1, 1]
+    assert merged["tool_mask"][G].tolist() == [1, 1, 1, 1]  # all ones, padded with ones
+    assert int(merged["num_items_in_batch"]) == G * 2 + G * 1
+
+
 def test_replacement_draws_are_seeded_and_cover_the_split():
     assert draw_prompts(6, 6, seed=3) == draw_prompts(6, 6, seed=3)
     assert sorted(draw_prompts(6, 6, seed=3)) == list(range(6))
