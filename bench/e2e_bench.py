@@ -53,7 +53,6 @@ import json
 import os
 import platform
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -81,7 +80,7 @@ from rollout_service.settings import RolloutSettings
 from rollout_service.weights import ParamCatalog, validate_tensors
 from trainer_service.config.run_config import RunConfig, parse_config
 from trainer_service.core.types import JobEvent
-from trainer_service.local.launcher import start_local_services
+from trainer_service.local.launcher import free_port, start_local_services
 from trainer_service.rollout.cpu_placement import cpu_cores, overlap_threads
 from trainer_service.rollout.service_rollout import SamplingConfig, group_runs
 from trainer_service.training.builders import Device, build_grpo_config, build_model, load_tokenizer
@@ -340,12 +339,6 @@ def ratios(results: dict[str, dict]) -> dict[str, dict[str, float]]:
         for mode in TRIO
         if "step_s" in results.get(mode, {})
     }
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def wait_healthy(url: str, server: subprocess.Popen, timeout_s: float) -> None:

@@ -16,7 +16,6 @@ again at the next push. Buckets: :func:`rollout_service.core.weight_channel.plan
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +40,7 @@ from rollout_service.client import (
     plan_buckets,
     shares_directory,
 )
+from trainer_service.local.launcher import free_port
 from trainer_service.rollout.replicas import settle
 
 log = logging.getLogger(__name__)
@@ -61,12 +61,6 @@ class PushRecord:
     @property
     def gb_per_s(self) -> float:
         return self.nbytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 class WeightTransports:
@@ -155,9 +149,8 @@ class WeightTransports:
         if any(kind != WeightTransport.GRPC_STREAM for kind, _ in choices):
             try:
                 plan = plan_buckets(state_dict, self.bucket_bytes)
-            except (
-                ValueError
-            ) as error:  # a dtype no channel carries: the replica's answer to the stream says why
+            except ValueError as error:
+                # A dtype no channel carries: the replica's answer to the stream says why.
                 log.warning("weights go over the stream: %s", error)
                 choices = [(WeightTransport.GRPC_STREAM, "")] * len(targets)
         outcomes: list[Any] = [None] * len(targets)
