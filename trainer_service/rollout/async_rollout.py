@@ -203,6 +203,7 @@ class AsyncServiceRollout:
         if result is None:
             result = self.inner(prompts, trainer)
             self.trainer_version = self.inner.sync.current_version
+            self.stats.tokens = None  # this batch is synchronous: every token of lag 0
             self.stats.staleness = 0
         self._start_prefetch(keys, step + 1)
         return result

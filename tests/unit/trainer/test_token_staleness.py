@@ -109,3 +109,22 @@ def test_versions_that_do_not_match_the_tokens_are_refused():
     broken.token_versions = [7, 7]
     with pytest.raises(RuntimeError, match="3 tokens but 2 token versions"):
         make_rollout(max_staleness=1)._bounded_per_token([broken], current=7, prompts=["a"], trainer=None)
+
+
+def test_a_synchronous_batch_after_a_partial_one_reports_every_token_fresh(monkeypatch):
+    rollout = make_rollout(max_staleness=1)
+    rollout._bounded_per_token([completion([6, 7])], current=7, prompts=["a"], trainer=None)
+    assert rollout.metrics()["async/tokens_lag1"] == pytest.approx(0.5)
+
+    class SynchronousRollout:  # the inner rollout's call: the batch generated at the trainer's version
+        sync = SimpleNamespace(current_version=8)
+
+        def __call__(self, prompts, trainer):
+            return {"completion_ids": [[10]]}
+
+    rollout.inner = SynchronousRollout()
+    monkeypatch.setattr(rollout, "_start_prefetch", lambda keys, step: None)
+    rollout(["a"], SimpleNamespace(state=SimpleNamespace(global_step=4)))  # no prefetch pending: a miss
+    metrics = rollout.metrics()
+    assert metrics["async/tokens_lag0"] == 1.0 and metrics["async/tokens_lag1"] == 0.0
+    assert metrics["async/max_trained_token_lag"] == 0
