@@ -16,6 +16,7 @@ import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import TaskType, get_peft_model, prepare_model_for_kbit_training
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedTokenizerBase
+from transformers.trainer_utils import FSDPOption
 from trl import GRPOConfig
 
 from trainer_service.config.run_config import ConfigError, RunConfig
@@ -125,14 +126,45 @@ def build_model(config: RunConfig, device: Device) -> torch.nn.Module:
     return get_peft_model(model, adapter)
 
 
+# Sharding strategy → FSDP2's ``reshard_after_forward`` (FSDP1 takes any strategy, by name).
+_FSDP2_RESHARD = {FSDPOption.FULL_SHARD: True, FSDPOption.SHARD_GRAD_OP: False}
+
+
 def _fsdp_kwargs(config: RunConfig) -> dict[str, Any]:
-    """``training.fsdp_config`` → GRPOConfig ``fsdp`` (sharding strategy string) and ``fsdp_config``."""
+    """``training.fsdp_config`` → GRPOConfig ``fsdp=True`` and ``fsdp_config``.
+
+    The config's ``fsdp`` key (a strategy string such as ``"full_shard auto_wrap"``, or a list of its words)
+    becomes the ``fsdp_config`` entries transformers would derive from it (it deprecates ``fsdp`` as a string
+    or a list): ``offload`` → ``cpu_offload``, a sharding strategy → ``reshard_after_forward``, ``auto_wrap``
+    → nothing (the default policy wraps). Entries given in ``fsdp_config`` win."""
     raw = config.training.fsdp_config
     if not raw:
         return {}
     rest = dict(raw)
     strategy = rest.pop("fsdp", "full_shard auto_wrap")
-    return {"fsdp": strategy, "fsdp_config": rest}
+    words = strategy.split() if isinstance(strategy, str) else strategy
+    if not isinstance(words, list) or not all(isinstance(word, str) for word in words):
+        raise ConfigError("a string of FSDP options or a list of them", key="training.fsdp_config.fsdp")
+    fsdp1 = str(rest.get("version", rest.get("fsdp_version", 2))) == "1"
+    for word in words:
+        try:
+            option = FSDPOption(word)
+        except ValueError:
+            raise ConfigError(
+                f"unknown FSDP option {word!r} (one of {[o.value for o in FSDPOption]})",
+                key="training.fsdp_config.fsdp",
+            ) from None
+        if option == FSDPOption.OFFLOAD:
+            rest.setdefault("cpu_offload", True)
+        elif option == FSDPOption.AUTO_WRAP:
+            continue
+        elif fsdp1:
+            rest.setdefault("reshard_after_forward", option.value)
+        elif option in _FSDP2_RESHARD:
+            rest.setdefault("reshard_after_forward", _FSDP2_RESHARD[option])
+        else:
+            raise ConfigError(f"{word!r} needs FSDP1 (version: 1)", key="training.fsdp_config.fsdp")
+    return {"fsdp": True, "fsdp_config": rest}
 
 
 def build_grpo_config(config: RunConfig, device: Device) -> GRPOConfig:
