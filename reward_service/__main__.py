@@ -11,11 +11,16 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from grpo_runtime.cli import run_service
-from grpo_runtime.server import Cleanup, ServiceBinding
-from reward_service.cli import stress
-from reward_service.server import build
-from reward_service.settings import load_settings
+from grpo_runtime.openmp import prefer_passive_openmp
+
+# Before the imports below load torch (and with it OpenMP, which reads its wait policy once).
+prefer_passive_openmp()
+
+from grpo_runtime.cli import run_service  # noqa: E402
+from grpo_runtime.server import Cleanup, ServiceBinding  # noqa: E402
+from reward_service.cli import stress  # noqa: E402
+from reward_service.server import build  # noqa: E402
+from reward_service.settings import load_settings  # noqa: E402
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -9,9 +9,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from trainer_service.check import check
-from trainer_service.cli import demo, train
-from trainer_service.server import serve
+from grpo_runtime.openmp import prefer_passive_openmp
+
+# Before the imports below load torch (and with it OpenMP, which reads its wait policy once).
+prefer_passive_openmp()
+
+from trainer_service.check import check  # noqa: E402
+from trainer_service.cli import demo, train  # noqa: E402
+from trainer_service.server import serve  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> int:
