@@ -18,7 +18,11 @@ Trio:
   while a prefetch generates (``launcher.overlap_threads``) and the trainer takes them all once it is done
   (``trainer_service.rollout.core_borrowing``).
 
-Baselines, all ``trl.GRPOTrainer`` in one process with torch's default threads (one per core):
+The trio's three processes wait passively for OpenMP work (``OMP_WAIT_POLICY=PASSIVE``, what their
+``__main__`` modules set, ``grpo_runtime.openmp``): its trainer runs in a child process started with it.
+
+Baselines, all ``trl.GRPOTrainer`` in one process with torch's default threads (one per core) and OpenMP
+wait policy:
 
 - ``same_engine``: generation through the rollout service's own engine class (``rollout_service.engines``,
   built by the service's ``build_engine``, its batching, tokenized by the service's ``RequestValidator``)
@@ -73,6 +77,7 @@ from peft import PeftModel, get_peft_model_state_dict
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
+from grpo_runtime.openmp import SHARED_CORE_OPENMP, prefer_passive_openmp
 from rollout_service.core.types import GenerateRequest, PromptInput, SamplingSpec, WeightFormat
 from rollout_service.core.validation import RequestValidator
 from rollout_service.engines.registry import build_engine
@@ -257,10 +262,28 @@ def bench_trl_vllm(config_dict: dict, data: Path) -> dict:
     return {"gaps": train_timed(config, data, args), "pushes": []}
 
 
-def in_child(work: Callable[..., dict], *args: Any) -> dict:
-    """``work(*args)`` in a fresh spawned process (vLLM starts engine processes and sets global state)."""
-    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
-        return pool.submit(work, *args).result()
+def in_child(work: Callable[..., dict], *args: Any, env: dict[str, str] | None = None) -> dict:
+    """``work(*args)`` in a fresh spawned process (vLLM starts engine processes and sets global state).
+
+    ``env`` is added to the child's environment only; the child sees it before it imports torch.
+    """
+    saved = {key: os.environ.get(key) for key in env or {}}
+    os.environ.update(env or {})
+    try:
+        with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+            future = pool.submit(work, *args)  # starts the child, with the environment as it is now
+            restore_environ(saved)
+            return future.result()
+    finally:
+        restore_environ(saved)
+
+
+def restore_environ(saved: dict[str, str | None]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def attempt(name: str, work: Callable[[], dict]) -> dict:
@@ -281,8 +304,10 @@ def attempt(name: str, work: Callable[[], dict]) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ trio
-def bench_trio(config: dict, services) -> dict:
-    config = {**config, "services": {"reward": services.reward.target, "rollout": services.rollout.target}}
+def bench_trio(config: dict, reward: str, rollout: str) -> dict:
+    """The trio's trainer (``run_job``, what ``python -m trainer_service train`` runs) against the services at
+    ``reward`` and ``rollout``; run in a child started with the trainer's OpenMP environment."""
+    config = {**config, "services": {"reward": reward, "rollout": rollout}}
     times: list[float] = []
 
     def sink(event: JobEvent) -> None:
@@ -302,6 +327,14 @@ def bench_trio(config: dict, services) -> dict:
             "max_staleness_seen": max(r["async/staleness"] for r in records),
         }
     return out
+
+
+def trio_in_child(config: dict, services) -> dict:
+    """:func:`bench_trio` in its own process with the OpenMP wait policy ``python -m trainer_service`` sets
+    (``grpo_runtime.openmp``; the services get it from their own ``__main__``), so the baselines in this
+    process keep torch's defaults, as users run TRL."""
+    trainer_env = prefer_passive_openmp(dict(os.environ))
+    return in_child(bench_trio, config, services.reward.target, services.rollout.target, env=trainer_env)
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -505,6 +538,11 @@ def main(argv: list[str] | None = None) -> int:
         "lora_r": 16,
         "rollout_engine": "hf",
         "importance_sampling": args.importance_sampling,
+        # The trio's processes wait passively unless the caller set a policy; the baselines keep this one's.
+        "openmp_wait_policy": {
+            "baselines": os.environ.get("OMP_WAIT_POLICY", "default"),
+            "trio": os.environ.get("OMP_WAIT_POLICY", SHARED_CORE_OPENMP["OMP_WAIT_POLICY"]),
+        },
         "threads": {
             "cores": cpu_cores(),
             "baselines": torch.get_num_threads(),
@@ -552,10 +590,10 @@ def main(argv: list[str] | None = None) -> int:
                 "stock": lambda base=base: bench_stock(parse_config(base), args.data),
                 "trl_vllm": lambda base=base: in_child(bench_trl_vllm, base, args.data),
                 "trl_async": vllm_async,
-                "sync": lambda out=out: bench_trio(
+                "sync": lambda out=out: trio_in_child(
                     run_config(args.model, args.data, out / "sync", args.steps, **trio), sync_services
                 ),
-                "async": lambda out=out: bench_trio(
+                "async": lambda out=out: trio_in_child(
                     run_config(
                         args.model,
                         args.data,
