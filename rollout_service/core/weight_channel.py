@@ -21,6 +21,7 @@ buckets and go through the same validation as a streamed update
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import math
 import mmap
@@ -487,6 +488,12 @@ class BucketFiles:
         if [len(m) for _, m in self._maps] == list(sizes):
             return
         self.close()
+        # Refuse at once when the directory cannot hold them: reserving pages until ENOSPC costs about a
+        # second per GB before the stream push even starts. fallocate below stays the guarantee.
+        stats = os.statvfs(self.directory)
+        if stats.f_bavail * stats.f_frsize < sum(sizes):
+            free = stats.f_bavail * stats.f_frsize
+            raise OSError(errno.ENOSPC, f"{sum(sizes)} bytes of buckets, {free} free", str(self.directory))
         for index, size in enumerate(sizes):
             path = self.directory / f"{self.prefix}-{index}.bucket"
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)

@@ -1,13 +1,14 @@
 """A shared-memory directory too small for the weights: the trainer's sender streams them instead.
 
-The replica's ``weight_shm_dir`` is a real 1 MiB tmpfs and the tiny policy's weights are ~2 MiB, so reserving
-the bucket files fails with ENOSPC part-way (the first buckets fit). The push must still commit over the
-``UpdateWeights`` stream, leave no bucket file in the directory, and a later push that fits goes over shared
-memory again. Mounting needs root (CI runs as root); elsewhere the test is skipped.
+The replica's ``weight_shm_dir`` is a real 1 MiB tmpfs and the tiny policy's weights are ~2 MiB, so writing
+the bucket files fails with ENOSPC (the sender checks the free space before it reserves any). The push must
+still commit over the ``UpdateWeights`` stream, leave no bucket file in the directory, and a later push that
+fits goes over shared memory again. Mounting needs root (CI runs as root); elsewhere the test is skipped.
 """
 
 from __future__ import annotations
 
+import errno
 import subprocess
 
 import pytest
@@ -16,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from rollout_service.client import RolloutClient, shares_directory
 from rollout_service.core.types import WeightTransport
-from rollout_service.core.weight_channel import plan_buckets
+from rollout_service.core.weight_channel import BucketFiles, plan_buckets
 from rollout_service.settings import RolloutSettings
 from tests.integration.rollout.fixtures import rollout_server_thread
 from trainer_service.rollout.weight_transport import WeightTransports
@@ -98,3 +99,17 @@ def test_weights_larger_than_the_shm_directory_are_streamed(server, client, tiny
     finally:
         sender.close()
     assert _buckets(tiny_tmpfs) == []
+
+
+def test_bucket_files_refuse_before_reserving_any_when_the_directory_is_too_small(tiny_tmpfs):
+    weights = {f"layer{i}.weight": torch.ones(64, 1024) for i in range(8)}  # 2 MiB in 256 KiB buckets
+    plan = plan_buckets(weights, BUCKET_BYTES)
+    assert plan.bucket_bytes[0] < TMPFS_BYTES < plan.total_bytes
+    files = BucketFiles(tiny_tmpfs)
+    try:
+        with pytest.raises(OSError) as refused:
+            files.write(weights, plan)
+        assert refused.value.errno == errno.ENOSPC
+        assert _buckets(tiny_tmpfs) == []  # not the buckets that fitted, kept until close()
+    finally:
+        files.close()
