@@ -18,11 +18,12 @@ Trio:
   while a prefetch generates (``launcher.overlap_threads``) and the trainer takes them all once it is done
   (``trainer_service.rollout.core_borrowing``).
 
-The trio's three processes wait passively for OpenMP work (``OMP_WAIT_POLICY=PASSIVE``, what their
-``__main__`` modules set, ``grpo_runtime.openmp``): its trainer runs in a child process started with it.
+The trio's three processes spin a third as long as libgomp's default before their idle OpenMP threads
+sleep (``GOMP_SPINCOUNT=100000``, what their ``__main__`` modules set, ``grpo_runtime.openmp``): its
+trainer runs in a child process started with it.
 
 Baselines, all ``trl.GRPOTrainer`` in one process with torch's default threads (one per core) and OpenMP
-wait policy:
+spin:
 
 - ``same_engine``: generation through the rollout service's own engine class (``rollout_service.engines``,
   built by the service's ``build_engine``, its batching, tokenized by the service's ``RequestValidator``)
@@ -77,7 +78,7 @@ from peft import PeftModel, get_peft_model_state_dict
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from grpo_runtime.openmp import SHARED_CORE_OPENMP, prefer_passive_openmp
+from grpo_runtime.openmp import OPERATOR_KEYS, shared_core_openmp
 from rollout_service.core.types import GenerateRequest, PromptInput, SamplingSpec, WeightFormat
 from rollout_service.core.validation import RequestValidator
 from rollout_service.engines.registry import build_engine
@@ -330,10 +331,10 @@ def bench_trio(config: dict, reward: str, rollout: str) -> dict:
 
 
 def trio_in_child(config: dict, services) -> dict:
-    """:func:`bench_trio` in its own process with the OpenMP wait policy ``python -m trainer_service`` sets
+    """:func:`bench_trio` in its own process with the OpenMP spin ``python -m trainer_service`` sets
     (``grpo_runtime.openmp``; the services get it from their own ``__main__``), so the baselines in this
     process keep torch's defaults, as users run TRL."""
-    trainer_env = prefer_passive_openmp(dict(os.environ))
+    trainer_env = shared_core_openmp(dict(os.environ))
     return in_child(bench_trio, config, services.reward.target, services.rollout.target, env=trainer_env)
 
 
@@ -538,10 +539,10 @@ def main(argv: list[str] | None = None) -> int:
         "lora_r": 16,
         "rollout_engine": "hf",
         "importance_sampling": args.importance_sampling,
-        # The trio's processes wait passively unless the caller set a policy; the baselines keep this one's.
-        "openmp_wait_policy": {
-            "baselines": os.environ.get("OMP_WAIT_POLICY", "default"),
-            "trio": os.environ.get("OMP_WAIT_POLICY", SHARED_CORE_OPENMP["OMP_WAIT_POLICY"]),
+        # What the trio's processes add unless the caller set a policy; the baselines keep this one's.
+        "openmp": {
+            "baselines": {key: os.environ[key] for key in OPERATOR_KEYS if key in os.environ} or "default",
+            "trio": shared_core_openmp(dict(os.environ)) or "the caller's",
         },
         "threads": {
             "cores": cpu_cores(),

@@ -11,10 +11,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from grpo_runtime.openmp import prefer_passive_openmp
+from grpo_runtime.openmp import shared_core_openmp
 
-# Before the imports below load torch (and with it OpenMP, which reads its wait policy once).
-prefer_passive_openmp()
+# Before the imports below load torch (and with it OpenMP, which reads its spin settings once).
+shared_core_openmp()
 
 from grpo_runtime.cli import run_service  # noqa: E402
 from grpo_runtime.server import Cleanup, ServiceBinding  # noqa: E402

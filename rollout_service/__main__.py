@@ -2,10 +2,10 @@
 
 import sys
 
-from grpo_runtime.openmp import prefer_passive_openmp
+from grpo_runtime.openmp import shared_core_openmp
 
-# Before the imports below load torch (and with it OpenMP, which reads its wait policy once).
-prefer_passive_openmp()
+# Before the imports below load torch (and with it OpenMP, which reads its spin settings once).
+shared_core_openmp()
 
 from rollout_service.server import main  # noqa: E402
 

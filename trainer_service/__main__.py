@@ -9,10 +9,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from grpo_runtime.openmp import prefer_passive_openmp
+from grpo_runtime.openmp import shared_core_openmp
 
-# Before the imports below load torch (and with it OpenMP, which reads its wait policy once).
-prefer_passive_openmp()
+# Before the imports below load torch (and with it OpenMP, which reads its spin settings once).
+shared_core_openmp()
 
 from trainer_service.check import check  # noqa: E402
 from trainer_service.cli import demo, train  # noqa: E402

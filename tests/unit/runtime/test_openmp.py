@@ -1,13 +1,16 @@
-from grpo_runtime.openmp import prefer_passive_openmp
+import pytest
+
+from grpo_runtime.openmp import shared_core_openmp
 
 
-def test_sets_passive_wait_when_unset():
+def test_shortens_the_spin_when_the_environment_sets_none():
     environ = {"PATH": "/bin"}
-    assert prefer_passive_openmp(environ) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert environ == {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"}
+    assert shared_core_openmp(environ) == {"GOMP_SPINCOUNT": "100000"}
+    assert environ == {"PATH": "/bin", "GOMP_SPINCOUNT": "100000"}
 
 
-def test_keeps_the_operators_policy():
-    environ = {"OMP_WAIT_POLICY": "ACTIVE"}
-    assert prefer_passive_openmp(environ) == {}
-    assert environ == {"OMP_WAIT_POLICY": "ACTIVE"}
+@pytest.mark.parametrize("operator", [{"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "0"}])
+def test_keeps_the_operators_policy_or_spin_count(operator):
+    environ = dict(operator)
+    assert shared_core_openmp(environ) == {}
+    assert environ == operator
