@@ -42,12 +42,14 @@ colocate weight sync (``load_weights``) fails at the first step; ``AsyncGRPOTrai
 name for its FLOPs metric and packs sequences with a CUDA-only flash-attention kernel. Targets: sync <= 1.05 ×
 same_engine; async <= 0.8 × the fastest of stock, trl_vllm and trl_async.
 
-Step time = median of the wall-clock gaps between consecutive optimizer-step ends, pooled over ``--rounds``
-rounds that each run every configuration in turn (the first step of each run, which includes warm-up, is not
-counted). ``push_share`` = median weight push seconds (gather + serialize + stream + apply of the LoRA
-adapter) / median sync step seconds (target <= 0.05). On a shared 2-core machine the trio's three processes
-compete for the same cores as the trainer, which an overlap cannot beat; the numbers are what this machine
-measured, with the 1-minute load average at start and end.
+Every configuration runs in a fresh spawned process each round (a trainer process warm from an earlier
+round would favour it); the services are started once. Step time = median of the wall-clock gaps between
+consecutive optimizer-step ends, pooled over ``--rounds`` rounds that each run every configuration in turn
+(the first step of each run, which includes warm-up, is not counted). ``push_share`` = median weight push
+seconds (gather + serialize + stream + apply of the LoRA adapter) / median sync step seconds (target <=
+0.05). On a shared 2-core machine the trio's three processes compete for the same cores as the trainer,
+which an overlap cannot beat; the numbers are what this machine measured, with the 1-minute load average at
+start and end.
 """
 
 from __future__ import annotations
@@ -252,6 +254,16 @@ def bench_same_engine(config: RunConfig, data: Path, rollout: EngineRollout) -> 
     gaps = train_timed(config, data, rollout_func=rollout, callbacks=(rollout,))
     # The first push (train begin) has no step to be a share of.
     return {"gaps": gaps, "pushes": rollout.pushes[1:]}
+
+
+def same_engine_in_child(config_dict: dict, data: Path, model: Path) -> dict:
+    """:func:`bench_same_engine` with its engine built in this (fresh) process."""
+    config = parse_config(config_dict)
+    return bench_same_engine(config, data, EngineRollout(model, config))
+
+
+def stock_in_child(config_dict: dict, data: Path) -> dict:
+    return bench_stock(parse_config(config_dict), data)
 
 
 def bench_trl_vllm(config_dict: dict, data: Path) -> dict:
@@ -571,11 +583,6 @@ def main(argv: list[str] | None = None) -> int:
 
         sync_services = services("sync-logs", None) if "sync" in names else None
         async_services = services("async-logs", rollout_threads) if "async" in names else None
-        engine = None
-        if "same_engine" in names:
-            engine = EngineRollout(
-                args.model, parse_config(run_config(args.model, args.data, root, args.steps))
-            )
         for round_ in range(args.rounds):
             out = root / f"round{round_}"
             base = run_config(args.model, args.data, out / "baseline", args.steps)
@@ -587,8 +594,8 @@ def main(argv: list[str] | None = None) -> int:
                     return in_child(bench_trl_async, base, args.data, url)
 
             work: dict[str, Callable[[], dict]] = {
-                "same_engine": lambda base=base: bench_same_engine(parse_config(base), args.data, engine),
-                "stock": lambda base=base: bench_stock(parse_config(base), args.data),
+                "same_engine": lambda base=base: in_child(same_engine_in_child, base, args.data, args.model),
+                "stock": lambda base=base: in_child(stock_in_child, base, args.data),
                 "trl_vllm": lambda base=base: in_child(bench_trl_vllm, base, args.data),
                 "trl_async": vllm_async,
                 "sync": lambda out=out: trio_in_child(
