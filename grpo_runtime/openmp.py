@@ -8,6 +8,10 @@ gaps inside a forward pass but lets it sleep soon after its process starts waiti
 2 shared cores (``bench/e2e_bench.py``, sync trio ÷ TRL in one process, 8 steps × 4 rounds): libgomp's
 default 1.43×, ``OMP_WAIT_POLICY=PASSIVE`` (no spin) 1.32×, ``GOMP_SPINCOUNT=100000`` 1.06×. A wait policy
 or spin count the operator set wins (``OMP_WAIT_POLICY=ACTIVE`` for a process with cores to itself).
+
+A libgomp in ``LD_PRELOAD`` starts before Python, so it keeps libgomp's default: set the variable in the
+environment of such a process. vLLM's CPU workers preload torch's libgomp, but they inherit the service's
+environment, which already holds the setting when they start.
 """
 
 from __future__ import annotations

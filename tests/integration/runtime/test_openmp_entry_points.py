@@ -10,6 +10,9 @@ def test_service_entry_points_start_openmp_with_the_shorter_spin(module, monkeyp
     monkeypatch.setenv("OMP_DISPLAY_ENV", "verbose")
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    # Importing vLLM adds torch's libgomp to this process's LD_PRELOAD; a preloaded libgomp starts before
+    # Python does, so no entry point could change what it reads (see grpo_runtime.openmp).
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
     done = subprocess.run(
         [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120, check=True
     )
