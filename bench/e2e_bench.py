@@ -22,8 +22,8 @@ The trio's three processes spin a third as long as libgomp's default before thei
 sleep (``GOMP_SPINCOUNT=100000``, what their ``__main__`` modules set, ``grpo_runtime.openmp``): its
 trainer runs in a child process started with it.
 
-Baselines, all ``trl.GRPOTrainer`` in one process with torch's default threads (one per core) and OpenMP
-spin:
+Baselines, all ``trl.GRPOTrainer`` in one process with torch's default threads (one per core) and
+libgomp's default spin:
 
 - ``same_engine``: generation through the rollout service's own engine class (``rollout_service.engines``,
   built by the service's ``build_engine``, its batching, tokenized by the service's ``RequestValidator``)
@@ -278,25 +278,21 @@ def bench_trl_vllm(config_dict: dict, data: Path) -> dict:
 def in_child(work: Callable[..., dict], *args: Any, env: dict[str, str] | None = None) -> dict:
     """``work(*args)`` in a fresh spawned process (vLLM starts engine processes and sets global state).
 
-    ``env`` is added to the child's environment only; the child sees it before it imports torch.
+    ``env`` is added to the child's environment only: the child starts inside ``submit``, with this process's
+    environment as it is then, and so sees ``env`` before it imports torch.
     """
     saved = {key: os.environ.get(key) for key in env or {}}
-    os.environ.update(env or {})
-    try:
-        with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
-            future = pool.submit(work, *args)  # starts the child, with the environment as it is now
-            restore_environ(saved)
-            return future.result()
-    finally:
-        restore_environ(saved)
-
-
-def restore_environ(saved: dict[str, str | None]) -> None:
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        os.environ.update(env or {})
+        try:
+            future = pool.submit(work, *args)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        return future.result()
 
 
 def attempt(name: str, work: Callable[[], dict]) -> dict:

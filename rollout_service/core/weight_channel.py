@@ -491,8 +491,8 @@ class BucketFiles:
         # Refuse at once when the directory cannot hold them: reserving pages until ENOSPC costs about a
         # second per GB before the stream push even starts. fallocate below stays the guarantee.
         stats = os.statvfs(self.directory)
-        if stats.f_bavail * stats.f_frsize < sum(sizes):
-            free = stats.f_bavail * stats.f_frsize
+        free = stats.f_bavail * stats.f_frsize
+        if free < sum(sizes):
             raise OSError(errno.ENOSPC, f"{sum(sizes)} bytes of buckets, {free} free", str(self.directory))
         for index, size in enumerate(sizes):
             path = self.directory / f"{self.prefix}-{index}.bucket"
