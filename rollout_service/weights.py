@@ -99,6 +99,19 @@ class LoraAdapter:
         a, b, scale = self.modules[module]
         return scale * (b.float() @ a.float())
 
+    def merge_into(self, module: str, base: torch.Tensor, out: torch.Tensor) -> None:
+        """``out = base + s · B @ A`` for one module, shapes (out, in); ``out`` must not alias ``base``.
+
+        One fused GEMM (``addmm``) writing straight into ``out`` when it is float32 (no temporaries:
+        several times faster than adding :meth:`delta`, and it runs after every optimizer step);
+        otherwise computed in float32 and rounded once into ``out``'s dtype."""
+        a, b, scale = self.modules[module]
+        a, b = a.to(out.device, torch.float32), b.to(out.device, torch.float32)
+        if out.dtype == torch.float32 and base.dtype == torch.float32:
+            torch.addmm(base, b, a, alpha=scale, out=out)
+        else:
+            out.copy_(torch.addmm(base.float(), b, a, alpha=scale))
+
     def write_dir(self, directory: Path) -> Path:
         """Write the adapter as a PEFT directory (what vLLM's LoRARequest loads)."""
         directory.mkdir(parents=True, exist_ok=True)

@@ -361,7 +361,7 @@ class HFEngine(Engine):
         for name, module in targets.items():
             param = params[name]
             base = self._base.setdefault(name, param.detach().clone())
-            param.copy_((base.float() + lora.delta(module).to(param.device)).to(param.dtype))
+            lora.merge_into(module, base, param)
 
     def _restore_base(self, params: dict[str, torch.nn.Parameter]) -> None:
         """Undo the active adapter: a state dict is applied to the base weights."""

@@ -105,6 +105,25 @@ def test_lora_delta_matches_peft_merge(catalog, lora):
     assert update.lora.delta(module).abs().sum() > 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lora_merge_into_matches_peft_merge(catalog, lora, dtype):
+    model, tensors, config_json = lora
+    update = validate_payload(
+        payload(state_dict_bytes(tensors), WeightFormat.LORA_ADAPTER, adapter_config_json=config_json),
+        catalog,
+    )
+    assert update.lora is not None
+    module = "model.layers.1.mlp.down_proj"
+    peft_layer = model.base_model.model.model.layers[1].mlp.down_proj
+    base = peft_layer.base_layer.weight.detach().to(dtype)
+    expected = (base.float() + peft_layer.get_delta_weight("default")).to(dtype)
+    out = torch.empty_like(base)
+    update.lora.merge_into(module, base, out)
+    assert out.dtype == dtype
+    assert torch.allclose(out.float(), expected.float(), atol=1e-6 if dtype == torch.float32 else 1e-2)
+    assert not torch.equal(out, base)
+
+
 def test_lora_checks(catalog, lora):
     _, tensors, config_json = lora
     data = state_dict_bytes(tensors)
