@@ -6,12 +6,16 @@ process; it is ready when its gRPC health check reports SERVING. ``HF_HUB_OFFLIN
 downloaded.
 
 ``rollout_threads`` sizes the rollout service's torch pools (:mod:`trainer_service.rollout.cpu_placement`).
+The rollout service gets a fresh directory in ``/dev/shm`` as its ``weight_shm_dir`` (where that is a
+writable memory-backed directory), so the trainer on this host pushes weights through shared memory instead
+of the gRPC stream; the directory is removed when the services stop.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,6 +28,8 @@ from pathlib import Path
 
 from grpo_runtime.call_errors import ServiceCallError
 from grpo_runtime.client import ChannelConfig, ServiceClient
+
+SHARED_MEMORY_ROOT = Path("/dev/shm")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -126,6 +132,7 @@ class LocalServices:
 
     reward: ServiceProcess | None = None
     rollout: ServiceProcess | None = None
+    weight_shm_dir: Path | None = None  # the rollout service's, removed on close
 
     def __enter__(self) -> LocalServices:
         return self
@@ -137,6 +144,17 @@ class LocalServices:
         for service in (self.rollout, self.reward):
             if service is not None:
                 service.stop()
+        if self.weight_shm_dir is not None:
+            shutil.rmtree(self.weight_shm_dir, ignore_errors=True)
+            self.weight_shm_dir = None
+
+
+def shared_memory_dir(root: Path = SHARED_MEMORY_ROOT) -> Path | None:
+    """A new private directory under ``root`` for weight buckets, or None where ``root`` is not a
+    writable directory (no ``/dev/shm``: the stream is used)."""
+    if not (root.is_dir() and os.access(root, os.W_OK | os.X_OK)):
+        return None
+    return Path(tempfile.mkdtemp(prefix="grpo-weight-shm-", dir=root))
 
 
 def _settings_file(module: str, settings: dict, log_dir: Path | None) -> Path:
@@ -167,6 +185,8 @@ def start_local_services(
     async run on CPU passes ``overlap_threads()[1]``. ``environment``: the environment service the rollout
     service's episodes use as their default target; "reward" = the reward service started here.
     ``reward_settings``: the started reward service's settings (its ``--config``; None = its defaults).
+    The rollout service's ``weight_shm_dir`` is a new directory in ``/dev/shm`` where there is one
+    (:func:`shared_memory_dir`).
     """
     services = LocalServices()
     try:
@@ -187,6 +207,9 @@ def start_local_services(
                 # Its episodes dial the environment service by default.
                 episodes = {"episodes": {"targets": {"default": environment}}}
                 rollout_args += ["--config", str(_settings_file("rollout_service", episodes, log_dir))]
+            services.weight_shm_dir = shared_memory_dir()
+            if services.weight_shm_dir is not None:
+                rollout_args += ["--weight-shm-dir", str(services.weight_shm_dir)]
             rollout_env = {**(env or {}), **thread_env(rollout_threads)}
             services.rollout = spawn_service(
                 "rollout_service", rollout_args, log_dir=log_dir, env=rollout_env
