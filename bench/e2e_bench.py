@@ -45,9 +45,13 @@ same_engine; async <= 0.8 × the fastest of stock, trl_vllm and trl_async.
 Every configuration runs in a fresh spawned process each round (a trainer process warm from an earlier
 round would favour it); the services are started once. Step time = median of the wall-clock gaps between
 consecutive optimizer-step ends, pooled over ``--rounds`` rounds that each run every configuration in turn
-(the first step of each run, which includes warm-up, is not counted). ``push_share`` = median weight push
-seconds (gather + serialize + stream + apply of the LoRA adapter) / median sync step seconds (target <=
-0.05). On a shared 2-core machine the trio's three processes compete for the same cores as the trainer,
+(the first step of each run, which includes warm-up, is not counted). Odd rounds run the configurations in
+the reverse order (ABBA), so neither side of a comparison always runs first or after the same neighbour;
+``paired_ratios`` are the per-round ratios of the two sides, which cancel a change in machine speed from
+round to round. ``steal_share`` per run is the share of CPU time the hypervisor gave other guests
+(``/proc/stat``), the noise a shared virtual machine adds. ``push_share`` = median weight push
+seconds (gather + serialize + send + apply of the LoRA adapter) / median sync step seconds (target <=
+0.03). On a shared 2-core machine the trio's three processes compete for the same cores as the trainer,
 which an overlap cannot beat; the numbers are what this machine measured, with the 1-minute load average at
 start and end.
 """
@@ -101,9 +105,10 @@ BASELINES = ("same_engine", "stock", "trl_vllm", "trl_async")
 TRIO = ("sync", "async")
 # The baselines async is held against (same_engine is the services' cost, not a way users run TRL).
 USER_BASELINES = ("stock", "trl_vllm", "trl_async")
-# Each round: sync beside the baseline it is judged against, async beside stock, the vLLM ones last.
+# Each round: sync beside the baseline it is judged against, async beside stock, the vLLM ones last (odd
+# rounds: the reverse order).
 RUN_ORDER = ("same_engine", "sync", "stock", "async", "trl_vllm", "trl_async")
-TARGETS = {"sync_vs_same_engine": 1.05, "async_vs_fastest_baseline": 0.8, "push_share": 0.05}
+TARGETS = {"sync_vs_same_engine": 1.05, "async_vs_fastest_baseline": 0.8, "push_share": 0.03}
 
 
 def numeric_accuracy(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
@@ -295,11 +300,30 @@ def in_child(work: Callable[..., dict], *args: Any, env: dict[str, str] | None =
         return future.result()
 
 
+def cpu_times() -> list[int] | None:
+    """The machine's aggregate CPU times (``/proc/stat`` "cpu" line, in ticks), None where there is none."""
+    try:
+        with open("/proc/stat") as stat:
+            return [int(field) for field in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def steal_share(before: list[int] | None, after: list[int] | None) -> float | None:
+    """Steal ticks (the 8th field) ÷ all ticks between two :func:`cpu_times` readings."""
+    if before is None or after is None or len(before) < 8:
+        return None
+    spent = [b - a for a, b in zip(before, after, strict=False)]
+    return spent[7] / sum(spent) if sum(spent) > 0 else None
+
+
 def attempt(name: str, work: Callable[[], dict]) -> dict:
     """Run one configuration; a failure is recorded (type, message, last traceback lines), not raised."""
-    started, load = time.perf_counter(), os.getloadavg()[0]
+    started, load, ticks = time.perf_counter(), os.getloadavg()[0], cpu_times()
     try:
-        return {**work(), "load_1m": [load, os.getloadavg()[0]]}
+        result = work()
+        steal = steal_share(ticks, cpu_times())
+        return {**result, "load_1m": [load, os.getloadavg()[0]], "steal_share": steal}
     except Exception as error:  # a baseline that cannot run here is a result, not a crash
         # A child's own traceback comes back as the cause (concurrent.futures' _RemoteTraceback).
         where = str(error.__cause__) if error.__cause__ is not None else traceback.format_exc()
@@ -359,6 +383,7 @@ def summarize(runs: list[dict]) -> dict:
         "step_s_per_round": [statistics.median(run["gaps"]) for run in ok],
         "steps_timed": len(gaps),
         "load_1m_at_start_and_end_per_round": [run["load_1m"] for run in ok],
+        "steal_share_per_round": [run.get("steal_share") for run in ok],
     }
     if len(ok) < len(runs):
         out["failed_rounds"] = [run["error"] for run in runs if "error" in run]
@@ -368,6 +393,15 @@ def summarize(runs: list[dict]) -> dict:
         if key in ok[0]:
             out[key] = [run[key] for run in ok]
     return out
+
+
+def paired_ratios(runs: dict[str, list[dict]], mode: str, baseline: str) -> list[float]:
+    """``mode`` ÷ ``baseline`` median step, round by round (rounds where both ran)."""
+    return [
+        statistics.median(a["gaps"]) / statistics.median(b["gaps"])
+        for a, b in zip(runs.get(mode, []), runs.get(baseline, []), strict=False)
+        if "gaps" in a and "gaps" in b and a["gaps"] and b["gaps"]
+    ]
 
 
 def ratios(results: dict[str, dict]) -> dict[str, dict[str, float]]:
@@ -499,6 +533,11 @@ def write_report(
         "sync_vs_same_engine": ratio.get("sync", {}).get("same_engine"),
         "async_vs_fastest_baseline": ratio.get("async", {}).get(fastest) if fastest else None,
         "push_share": sync["push_s"] / sync["step_s"] if "push_s" in sync else None,
+        # Per round, each trio mode ÷ the baseline it is judged against (median of these: robust to drift).
+        "paired_ratios": {
+            "sync_vs_same_engine": paired_ratios(runs, "sync", "same_engine"),
+            **({f"async_vs_{fastest}": paired_ratios(runs, "async", fastest)} if fastest else {}),
+        },
         "targets": TARGETS,
         "wall_seconds": time.perf_counter() - started,
         # (1, 5, 15)-minute load averages: other work on the machine stretches every step.
@@ -612,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
                     async_services,
                 ),
             }
-            for name in names:
+            for name in names if round_ % 2 == 0 else reversed(names):
                 if runs[name] and "error" in runs[name][0]:
                     continue  # cannot run here: not retried every round
                 print(f"== round {round_}: {name}", flush=True)
