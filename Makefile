@@ -71,7 +71,7 @@ lint: $(STAMP) check-protos
 # Without a Docker daemon the container tests skip, or fail when REQUIRE_DOCKER=1 (as in CI).
 test: setup
 	if docker info >/dev/null 2>&1; then docker/build_images.sh cpu; fi
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 test-fast: setup
 	$(BIN)/pytest -q -m "not slow and not containers"
