@@ -37,9 +37,10 @@ def server_thread(
                 ready.set()
                 await stop.wait()
         except BaseException as exc:
-            started["error"] = exc
+            if ready.is_set():
+                raise  # failed while serving: pytest reports the thread's exception
+            started["error"] = exc  # failed to start: the caller raises it, once
             ready.set()
-            raise
 
     thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
     thread.start()
