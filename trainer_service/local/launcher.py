@@ -30,6 +30,7 @@ from grpo_runtime.call_errors import ServiceCallError
 from grpo_runtime.client import ChannelConfig, ServiceClient
 
 SHARED_MEMORY_ROOT = Path("/dev/shm")
+SHARED_MEMORY_PREFIX = "grpo-weight-shm-"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -150,11 +151,42 @@ class LocalServices:
 
 
 def shared_memory_dir(root: Path = SHARED_MEMORY_ROOT) -> Path | None:
-    """A new private directory under ``root`` for weight buckets, or None where ``root`` is not a
-    writable directory (no ``/dev/shm``: the stream is used)."""
+    """A new private directory under ``root`` for weight buckets, named after this process
+    (``grpo-weight-shm-<pid>-<random>``), or None where ``root`` is not a writable directory (no
+    ``/dev/shm``: the stream is used). Directories left by processes that are gone are removed first."""
     if not (root.is_dir() and os.access(root, os.W_OK | os.X_OK)):
         return None
-    return Path(tempfile.mkdtemp(prefix="grpo-weight-shm-", dir=root))
+    remove_orphaned_shared_memory(root)
+    return Path(tempfile.mkdtemp(prefix=f"{SHARED_MEMORY_PREFIX}{os.getpid()}-", dir=root))
+
+
+def remove_orphaned_shared_memory(root: Path = SHARED_MEMORY_ROOT) -> list[Path]:
+    """Remove this user's :func:`shared_memory_dir` directories whose process no longer runs.
+
+    A trainer killed outright (SIGKILL of a run's process group, OOM) never closes its services, and a
+    memory-backed directory, with the bucket files in it, would hold that memory until reboot. A pid that
+    was reused keeps its directory (the safe side). Returns the directories removed."""
+    removed = []
+    for path in root.glob(f"{SHARED_MEMORY_PREFIX}*-*"):
+        pid = path.name.removeprefix(SHARED_MEMORY_PREFIX).split("-", 1)[0]
+        try:
+            mine = path.is_dir() and not path.is_symlink() and path.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if mine and pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _settings_file(module: str, settings: dict, log_dir: Path | None) -> Path:

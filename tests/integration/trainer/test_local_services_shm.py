@@ -3,20 +3,45 @@ weights through it instead of the gRPC stream, and removes the directory when th
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from transformers import AutoModelForCausalLM
 
 from rollout_service.client import RolloutClient, shares_directory
 from rollout_service.core.types import WeightTransport
-from trainer_service.local.launcher import SHARED_MEMORY_ROOT, shared_memory_dir, start_local_services
+from trainer_service.local.launcher import (
+    SHARED_MEMORY_PREFIX,
+    SHARED_MEMORY_ROOT,
+    shared_memory_dir,
+    start_local_services,
+)
 from trainer_service.rollout.weight_transport import WeightTransports
 
 
 def test_shared_memory_dir_is_private_and_under_the_root(tmp_path):
     made = shared_memory_dir(tmp_path)
     assert made is not None and made.parent == tmp_path and made.is_dir()
+    assert made.name.startswith(f"{SHARED_MEMORY_PREFIX}{os.getpid()}-")
     assert made.stat().st_mode & 0o077 == 0  # mkdtemp: only this user reads the buckets
     assert shared_memory_dir(tmp_path / "missing") is None
+
+
+def test_directories_of_processes_that_are_gone_are_removed(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    orphan = tmp_path / f"{SHARED_MEMORY_PREFIX}{gone.pid}-abc"
+    orphan.mkdir()
+    (orphan / "weights-1-0").write_bytes(b"\0" * 1024)  # a bucket file its trainer never deleted
+    live = tmp_path / f"{SHARED_MEMORY_PREFIX}{os.getppid()}-def"
+    live.mkdir()
+    other = tmp_path / "unrelated-1-x"
+    other.mkdir()
+    made = shared_memory_dir(tmp_path)
+    assert not orphan.exists()
+    assert live.is_dir() and other.is_dir() and made is not None and made.is_dir()
 
 
 @pytest.mark.skipif(shared_memory_dir(SHARED_MEMORY_ROOT) is None, reason="no writable /dev/shm")
