@@ -44,10 +44,14 @@ def test_directories_of_processes_that_are_gone_are_removed(tmp_path):
     assert live.is_dir() and other.is_dir() and made is not None and made.is_dir()
 
 
-@pytest.mark.skipif(shared_memory_dir(SHARED_MEMORY_ROOT) is None, reason="no writable /dev/shm")
+@pytest.mark.skipif(
+    not (SHARED_MEMORY_ROOT.is_dir() and os.access(SHARED_MEMORY_ROOT, os.W_OK)),
+    reason="no writable /dev/shm",
+)
 def test_local_rollout_service_takes_weights_through_shared_memory(tiny_models, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tiny_models["policy"])
     state = {name: tensor + 0.01 for name, tensor in model.state_dict().items()}
+    before = set(SHARED_MEMORY_ROOT.iterdir())
     with start_local_services(
         need_reward=False, need_rollout=True, model=tiny_models["policy"], log_dir=tmp_path
     ) as services:
@@ -68,3 +72,4 @@ def test_local_rollout_service_takes_weights_through_shared_memory(tiny_models, 
                 sender.close()
             assert not [p for p in directory.iterdir() if not p.name.startswith(".")]  # buckets deleted
     assert not directory.exists()
+    assert set(SHARED_MEMORY_ROOT.iterdir()) <= before  # nothing of this run is left in /dev/shm
