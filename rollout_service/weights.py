@@ -94,17 +94,12 @@ class LoraAdapter:
     def rank(self) -> int:
         return max(a.shape[0] for a, _, _ in self.modules.values())
 
-    def delta(self, module: str) -> torch.Tensor:
-        """s · B @ A for one module, shape (out, in), fp32."""
-        a, b, scale = self.modules[module]
-        return scale * (b.float() @ a.float())
-
     def merge_into(self, module: str, base: torch.Tensor, out: torch.Tensor) -> None:
         """``out = base + s · B @ A`` for one module, shapes (out, in); ``out`` must not alias ``base``.
 
-        One fused GEMM (``addmm``) writing straight into ``out`` when it is float32 (no temporaries:
-        several times faster than adding :meth:`delta`, and it runs after every optimizer step);
-        otherwise computed in float32 and rounded once into ``out``'s dtype."""
+        One fused GEMM (``addmm``) writing straight into ``out`` when it is float32: no temporaries, several
+        times faster than forming ``s · B @ A`` and adding it, and it runs after every optimizer step.
+        Otherwise computed in float32 and rounded once into ``out``'s dtype."""
         a, b, scale = self.modules[module]
         a, b = a.to(out.device, torch.float32), b.to(out.device, torch.float32)
         if out.dtype == torch.float32 and base.dtype == torch.float32:
