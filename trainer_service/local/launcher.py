@@ -165,7 +165,9 @@ def remove_orphaned_shared_memory(root: Path = SHARED_MEMORY_ROOT) -> list[Path]
 
     A trainer killed outright (SIGKILL of a run's process group, OOM) never closes its services, and a
     memory-backed directory, with the bucket files in it, would hold that memory until reboot. A pid that
-    was reused keeps its directory (the safe side). Returns the directories removed."""
+    was reused keeps its directory (the safe side). Pids are this pid namespace's: containers that share one
+    ``/dev/shm`` (``--ipc=host``) and run local services as the same user would see each other's as gone.
+    Returns the directories removed."""
     removed = []
     for path in root.glob(f"{SHARED_MEMORY_PREFIX}*-*"):
         pid = path.name.removeprefix(SHARED_MEMORY_PREFIX).split("-", 1)[0]
