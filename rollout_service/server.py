@@ -14,6 +14,7 @@ from typing import Any
 from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
 from grpo_runtime.cli import run_service
+from grpo_runtime.compute_thread import ComputeThread
 from grpo_runtime.env_client import EnvironmentClient
 from grpo_runtime.server import ServiceBinding
 from rollout_service.api.rollout import RolloutServicer
@@ -61,9 +62,15 @@ def settings_from(args: argparse.Namespace, settings: dict[str, Any]) -> Rollout
 
 
 async def build_core(settings: RolloutSettings) -> RolloutCore:
-    """Load the engine (in a thread: it takes seconds) and wrap it in a started RolloutCore."""
+    """Load the engine on the core's compute thread (it takes seconds; the thread's OpenMP pool is the one
+    generation uses) and wrap it in a started RolloutCore."""
     check_model_dir(settings.model)
-    engine = await asyncio.to_thread(build_engine, settings.model, settings)
+    compute = ComputeThread("rollout-engine")
+    try:
+        engine = await compute.run(build_engine, settings.model, settings)
+    except BaseException:
+        await asyncio.to_thread(compute.close)
+        raise
     catalog = await asyncio.to_thread(ParamCatalog.from_model_dir, settings.model)
     core = RolloutCore(
         engine,
@@ -84,6 +91,7 @@ async def build_core(settings: RolloutSettings) -> RolloutCore:
             SharedMemoryDir.open(settings.weight_shm_dir) if settings.weight_shm_dir else None,
             engine.device,
         ),
+        compute=compute,
     )
     await core.start()
     return core

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
+from grpo_runtime.compute_thread import ComputeThread
 from grpo_runtime.errors import FailedPrecondition, ResourceExhausted
 from rollout_service.core import memory
 from rollout_service.core.episodes import EnvironmentBackend, EpisodeRunner
@@ -61,7 +62,9 @@ class RolloutCore:
     read and the largest payload either weight RPC takes (None: ``catalog.max_payload_bytes``).
     ``environments``: the environment services episodes may use, by target name (``episode_settings``
     holds their limits and timeouts). ``partial_segment_tokens``: a partial-rollout batch may pause for
-    a weight update after every this many generated tokens.
+    a weight update after every this many generated tokens. ``compute``: the thread that runs every call
+    into the engine and every tensor validation (:mod:`grpo_runtime.compute_thread`: one OpenMP pool per
+    process; the engine should have been built on it too); default, one of its own.
     """
 
     def __init__(
@@ -82,8 +85,10 @@ class RolloutCore:
         episode_settings: EpisodeSettings | None = None,
         weight_channel: WeightChannel | None = None,
         partial_segment_tokens: int = 8,
+        compute: ComputeThread | None = None,
     ) -> None:
         self.engine = engine
+        self.compute = compute or ComputeThread("rollout-engine")
         self.tokenizer = tokenizer
         self.catalog = catalog
         self.vocab_size = catalog.shapes.get("model.embed_tokens.weight", (len(tokenizer),))[0]
@@ -126,7 +131,8 @@ class RolloutCore:
         await self._scheduler.close()
         await self.episodes.close()
         await asyncio.to_thread(self.channel.shutdown)
-        await asyncio.to_thread(self.engine.close)
+        await self.compute.run(self.engine.close)
+        await asyncio.to_thread(self.compute.close)
 
     # --------------------------------------------------------------- generate
     async def generate(self, request: GenerateRequest) -> list[CompletionResult]:
@@ -197,12 +203,13 @@ class RolloutCore:
                 pause = UpdatePause(
                     self._lock,
                     asyncio.get_running_loop(),
+                    self.compute,
                     lambda: self.versions.policy_version,
                     self.partial_segment_tokens,
                 )
-                await asyncio.to_thread(self.engine.generate, jobs, pause)
+                await self.compute.run(self.engine.generate, jobs, pause)
             else:
-                await asyncio.to_thread(self.engine.generate, jobs)
+                await self.compute.run(self.engine.generate, jobs)
             for job in jobs:
                 job.policy_version = version
                 for raw in job.results:
@@ -220,7 +227,7 @@ class RolloutCore:
         start = time.perf_counter()
         self.versions.check_next(payload.version)
         self.sleep_state.check_weight_update()
-        update = await asyncio.to_thread(validate_payload, payload, self.catalog)
+        update = await self.compute.run(validate_payload, payload, self.catalog)
         applied = await self._apply(update, start)
         return WeightsApplied(
             applied.policy_version, applied.tensors_loaded, applied.apply_seconds, len(payload.data)
@@ -237,7 +244,7 @@ class RolloutCore:
             )
         self.versions.check_next(version)
         self.sleep_state.check_weight_update()
-        update = await asyncio.to_thread(
+        update = await self.compute.run(
             read_directory, path, version, fmt, self.catalog, self.weights_root, self.max_weight_bytes
         )
         return await self._apply(update)
@@ -279,7 +286,7 @@ class RolloutCore:
         async with self._channel_lock:
             buckets = await asyncio.to_thread(self.channel.receive, manifest)
             arrived = time.perf_counter()
-            update = await asyncio.to_thread(
+            update = await self.compute.run(
                 validate_tensors,
                 manifest.version,
                 manifest.format,
@@ -305,7 +312,7 @@ class RolloutCore:
             # Checked again under the lock: a concurrent update or sleep may have won the race.
             self.versions.check_next(update.version)
             self.sleep_state.check_weight_update()
-            await asyncio.to_thread(self.engine.apply_update, update)
+            await self.compute.run(self.engine.apply_update, update)
             self.versions.advance(update.version, update.format)
             self.sleep_state.weights_loaded()
         return WeightsApplied(update.version, update.num_tensors, time.perf_counter() - start, update.nbytes)
@@ -316,7 +323,7 @@ class RolloutCore:
         before = await asyncio.to_thread(memory.measure)
         async with self._lock.write():
             if self.sleep_state.check_sleep(level):
-                await asyncio.to_thread(self.engine.sleep, level)
+                await self.compute.run(self.engine.sleep, level)
                 self.sleep_state.enter(level)
         after = await asyncio.to_thread(memory.measure)
         return SleepResult(level, before, after)
@@ -327,7 +334,7 @@ class RolloutCore:
         async with self._lock.write():
             to_wake = wanted & self.sleep_state.sleeping_tags
             if to_wake:
-                await asyncio.to_thread(self.engine.wake_up, to_wake)
+                await self.compute.run(self.engine.wake_up, to_wake)
                 self.sleep_state.wake(to_wake)
         elapsed = time.perf_counter() - start
         return WakeResult(self.sleep_state.weights_valid, await asyncio.to_thread(memory.measure), elapsed)

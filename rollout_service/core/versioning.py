@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from grpo_runtime.compute_thread import ComputeThread
 from grpo_runtime.errors import InvalidArgument
 from rollout_service.core.types import WeightFormat
 
@@ -120,22 +121,26 @@ class VersionState:
 
 
 class UpdatePause:
-    """What an engine running a partial-rollout batch (in a worker thread) polls at segment boundaries.
+    """What an engine running a partial-rollout batch (on the core's compute thread) polls at segment
+    boundaries.
 
     ``version``: the policy version sampling now. ``segment_tokens``: pause only after multiples of this
-    many generated tokens. When ``requested``, the engine calls :meth:`pause` (blocking its thread while
-    the waiting updates apply on the event loop) and continues with the weights serving afterwards.
+    many generated tokens. When ``requested`` (an update waits for the lock, or work such as its validation
+    waits for the compute thread), the engine calls :meth:`pause`: the waiting work runs on its thread, the
+    waiting updates apply, and generation continues with the weights serving afterwards.
     """
 
     def __init__(
         self,
         lock: ReadWriteLock,
         loop: asyncio.AbstractEventLoop,
+        compute: ComputeThread,
         served_version: Callable[[], int],
         segment_tokens: int,
     ) -> None:
         self._lock = lock
         self._loop = loop
+        self._compute = compute
         self._served_version = served_version
         self.segment_tokens = segment_tokens
         self.version = served_version()
@@ -143,20 +148,24 @@ class UpdatePause:
 
     @property
     def requested(self) -> bool:
-        return self._lock.updates_waiting
+        return self._lock.updates_waiting or self._compute.queued
 
     def pause(self) -> int:
-        """Let the waiting updates apply; returns the version serving afterwards (also ``self.version``)."""
+        """Let the waiting work and updates run; returns the version serving afterwards (``self.version``).
+
+        Called on the compute thread, which the update's apply also needs: it serves that queue meanwhile."""
+        self._compute.run_queued()
         done = asyncio.run_coroutine_threadsafe(self._lock.yield_to_updates(), self._loop)
-        while True:
-            try:
-                done.result(timeout=1.0)
-                break
-            except TimeoutError:
-                # The update is still applying; a loop that stopped meanwhile (shutdown) never resumes us.
-                if self._loop.is_closed() or not self._loop.is_running():
-                    done.cancel()
-                    raise RuntimeError("the service shut down while generation was paused") from None
+        try:
+            # A loop that stopped meanwhile (shutdown) never resumes us.
+            self._compute.serve_until(done, 1.0, keep_waiting=self._loop_running)
+        except RuntimeError:
+            done.cancel()
+            raise RuntimeError("the service shut down while generation was paused") from None
+        done.result()
         self.pauses += 1
         self.version = self._served_version()
         return self.version
+
+    def _loop_running(self) -> bool:
+        return not self._loop.is_closed() and self._loop.is_running()

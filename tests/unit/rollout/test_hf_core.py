@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument
+from rollout_service.core import rollout as rollout_module
 from rollout_service.core.rollout import RolloutCore
 from rollout_service.core.types import (
     FinishReason,
@@ -23,7 +25,7 @@ from rollout_service.core.types import (
     WeightPayload,
 )
 from rollout_service.engines.hf import HFEngine
-from rollout_service.weights import ParamCatalog, sha256_hex, state_dict_bytes
+from rollout_service.weights import ParamCatalog, sha256_hex, state_dict_bytes, validate_payload
 
 PROMPTS = (
     PromptInput(id="text", text="What is 12 + 7?"),
@@ -281,3 +283,33 @@ async def test_load_weights_needs_a_root_that_confines(core, tiny_models):
     with pytest.raises(FailedPrecondition, match="weights_root"):
         await core.load_weights(str(tiny_models["policy"]), 1, WeightFormat.UNSPECIFIED)
     assert core.status().policy_version == 0
+
+
+async def test_engine_calls_and_validation_run_on_the_core_compute_thread(core, tiny_models, monkeypatch):
+    """Generation, validation, the apply and sleep/wake all run on one thread, so the process keeps one
+    OpenMP pool (grpo_runtime.compute_thread)."""
+    threads: dict[str, set[int]] = {}
+    engine = core.engine
+    for name in ("generate", "apply_update", "sleep", "wake_up"):
+        method = getattr(engine, name)
+
+        def recorded(*args, _method=method, _name=name, **kwargs):
+            threads.setdefault(_name, set()).add(threading.get_ident())
+            return _method(*args, **kwargs)
+
+        setattr(engine, name, recorded)
+
+    def validate(*args, **kwargs):
+        threads.setdefault("validate_payload", set()).add(threading.get_ident())
+        return validate_payload(*args, **kwargs)
+
+    monkeypatch.setattr(rollout_module, "validate_payload", validate)
+    payload, _ = lora_payload(tiny_models["policy"], 1)
+    await asyncio.gather(core.generate(request(n=1)), core.generate(request(n=2)))
+    await core.update_weights(payload)
+    await core.generate(request(n=1))
+    await core.sleep(1)
+    await core.wake_up([])
+    used = set().union(*threads.values())
+    assert set(threads) == {"generate", "validate_payload", "apply_update", "sleep", "wake_up"}
+    assert used == {core.compute.ident}
