@@ -75,7 +75,8 @@ class ComputeThread:
             if item is _STOP:
                 self._queue.put(_STOP)  # the outer loop stops after the waiting work returns
                 return
-            self._execute(item)
+            if isinstance(item, tuple):  # not a stale wake-up of serve_until
+                self._execute(item)
 
     def serve_until(self, done: Future[Any], poll_s: float, keep_waiting: Callable[[], bool]) -> None:
         """Run queued calls on this thread until ``done`` completes; every ``poll_s`` without a call,

@@ -117,3 +117,19 @@ def test_one_thread_keeps_one_openmp_pool(mode):
         assert added == 2  # the compute thread + its pool's one worker
     else:
         assert added > 2  # more workers of to_thread, each with a pool of its own
+
+
+def test_a_second_pause_skips_the_wake_up_the_first_left_behind():
+    compute = ComputeThread("compute")
+    order: list[str] = []
+
+    def batch() -> None:
+        for k in range(2):  # two pauses in one batch, as a partial rollout takes two updates
+            update = compute.submit(order.append, f"update {k}")
+            compute.serve_until(update, 0.1, keep_waiting=lambda: True)
+            compute.run_queued()
+        order.append("batch done")
+
+    compute.submit(batch).result(timeout=30)
+    compute.close()
+    assert order == ["update 0", "update 1", "batch done"]
