@@ -12,7 +12,8 @@ second thread that had run one matmul was still alive.
 
 :class:`ComputeThread` runs every call it is given on one long-lived thread, in submission order, so the
 process keeps one pool. Work that must wait on this thread for other queued work (a partial-rollout batch
-paused for a weight update that applies on this thread) calls :meth:`ComputeThread.serve_until`.
+paused for a weight update that applies on this thread) calls :meth:`ComputeThread.serve_until`. Long work
+that must not hold it runs in :func:`run_in_own_thread`, whose pool goes when the thread exits.
 """
 
 from __future__ import annotations
@@ -97,13 +98,13 @@ class ComputeThread:
             if isinstance(item, tuple):
                 self._execute(item)
 
-    def close(self) -> None:
-        """Stop after the calls queued so far; waits for the thread."""
+    def close(self, wait: bool = True) -> None:
+        """Stop after the calls queued so far; ``wait``: until the thread has."""
         if self._closed:
             return
         self._closed = True
         self._queue.put(_STOP)
-        if not self.on_thread():
+        if wait and not self.on_thread():
             self._thread.join()
 
     def _serve(self) -> None:
@@ -126,3 +127,15 @@ class ComputeThread:
     def _check_on_thread(self) -> None:
         if not self.on_thread():
             raise RuntimeError(f"only {self._thread.name} may serve its queue")
+
+
+async def run_in_own_thread(fn: Callable[..., T], *args: Any, name: str) -> T:
+    """``fn(*args)`` on a new thread that exits when it returns, taking its OpenMP pool with it: for long
+    torch work that must not hold a :class:`ComputeThread` (loading a model while another keeps serving)."""
+    future: Future[T] = Future()
+
+    def target() -> None:
+        ComputeThread._execute((future, functools.partial(fn, *args)))
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    return await asyncio.wrap_future(future)

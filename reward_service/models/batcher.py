@@ -28,10 +28,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_runtime.compute_thread import ComputeThread
 from grpo_runtime.errors import Unavailable
 from reward_service.models.planning import padded_cost, plan_batches, split_by_cost
 from reward_service.models.sequences import Encoded
@@ -65,13 +65,16 @@ class DynamicBatcher:
         dynamic: bool = True,
         forward_overhead_tokens: int = 64,
         name: str = "model",
+        compute: ComputeThread | None = None,
     ) -> None:
         self._forward = forward
         self._max_batch_tokens = max_batch_tokens
         self._max_wait_s = max_wait_ms / 1000.0
         self._dynamic = dynamic
         self._overhead_tokens = forward_overhead_tokens
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"reward-model-{name}")
+        # The forwards' thread: shared by the registry's models (grpo_runtime.compute_thread), or its own.
+        self._owns_compute = compute is None
+        self._compute = compute or ComputeThread(f"reward-model-{name}")
         self._queue: list[_Pending] = []
         self._flushing: list[_Pending] = []  # taken off the queue by the flush in progress
         self._wakeup = asyncio.Event()
@@ -113,11 +116,11 @@ class DynamicBatcher:
             if not pending.future.done():
                 pending.future.set_exception(Unavailable("the model was unloaded"))
         self._queue, self._flushing = [], []
-        self._executor.shutdown(wait=False)
+        if self._owns_compute:
+            self._compute.close(wait=False)
 
     async def _run_forward(self, batch: list[Encoded]) -> list[Any]:
-        loop = asyncio.get_running_loop()
-        outputs = await loop.run_in_executor(self._executor, self._forward, batch)
+        outputs = await self._compute.run(self._forward, batch)
         self.forward_calls += 1
         self.sequences += len(batch)
         self.largest_batch = max(self.largest_batch, len(batch))
@@ -141,8 +144,7 @@ class DynamicBatcher:
         self._drop_cancelled()
         due = sorted(self._queue, key=lambda p: p.item.suffix_tokens)
         self._queue, self._flushing = [], due
-        sizes = await asyncio.get_running_loop().run_in_executor(
-            self._executor,
+        sizes = await self._compute.run(
             plan_batches,
             [p.item.suffix_tokens for p in due],
             self._max_batch_tokens,

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from grpo_runtime.compute_thread import ComputeThread, run_in_own_thread
 from grpo_runtime.errors import InvalidArgument, NotFound
 from reward_service.core.types import ComponentResult, Message, RewardDescription, Sample
 from reward_service.models.batcher import DynamicBatcher
@@ -93,10 +94,14 @@ def build_engine(loaded: LoadedModel, settings: ModelSettings) -> RewardModelEng
 
 class ModelRegistry:
     """Loads, swaps, unloads and scores with PRMs/ORMs/judges (``prm:<name>``, ``orm:<name>``,
-    ``judge:<name>``). ``reserved`` reward names (the server's remote judges) cannot be loaded over."""
+    ``judge:<name>``). ``reserved`` reward names (the server's remote judges) cannot be loaded over.
+
+    Every model's forwards run on one compute thread, so the process keeps one OpenMP pool
+    (:mod:`grpo_runtime.compute_thread`); loads run on threads that exit."""
 
     def __init__(self, settings: ModelSettings, reserved: frozenset[str] = frozenset()) -> None:
         self._settings = settings
+        self._compute = ComputeThread("reward-models")
         self._reserved = reserved
         self._slots: dict[str, _Slot] = {}
         self._versions: dict[str, int] = {}  # survives unload: versions only grow
@@ -123,8 +128,9 @@ class ModelRegistry:
             )
         lock = self._load_locks.setdefault(spec.name, asyncio.Lock())
         async with lock:  # loads of one name install in request order
-            loaded = await asyncio.to_thread(load_model, spec, self._settings)
-            engine = await asyncio.to_thread(build_engine, loaded, self._settings)
+            # On a thread of its own, not the models' compute thread: the version serving keeps scoring.
+            loaded = await run_in_own_thread(load_model, spec, self._settings, name=f"load-{spec.name}")
+            engine = await run_in_own_thread(build_engine, loaded, self._settings, name=f"load-{spec.name}")
             version = self._versions.get(spec.name, 0) + 1
             info = ModelInfo(
                 name=spec.name,
@@ -144,6 +150,7 @@ class ModelRegistry:
                 dynamic=self._settings.dynamic_batching,
                 forward_overhead_tokens=self._settings.forward_overhead_tokens,
                 name=spec.name,
+                compute=self._compute,
             )
             # The swap: one dict assignment, no await between reading the old slot and replacing it.
             old = self._slots.get(spec.name)
@@ -221,6 +228,7 @@ class ModelRegistry:
         for slot in slots:
             slot.retired = True
             await self._dispose(slot)
+        await asyncio.to_thread(self._compute.close)
 
     def _current(self, reward_name: str) -> _Slot | None:
         parsed = parse_reward_name(reward_name)

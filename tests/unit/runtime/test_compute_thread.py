@@ -13,7 +13,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from grpo_runtime.compute_thread import ComputeThread
+from grpo_runtime.compute_thread import ComputeThread, run_in_own_thread
 
 
 async def test_calls_run_in_submission_order_on_one_thread():
@@ -133,3 +133,18 @@ def test_a_second_pause_skips_the_wake_up_the_first_left_behind():
     compute.submit(batch).result(timeout=30)
     compute.close()
     assert order == ["update 0", "update 1", "batch done"]
+
+
+async def test_run_in_own_thread_returns_from_a_thread_that_is_gone_afterwards():
+    ran_on: list[threading.Thread] = []
+
+    def work(x: int) -> int:
+        ran_on.append(threading.current_thread())
+        return x * 2
+
+    assert await run_in_own_thread(work, 21, name="own") == 42
+    ran_on[0].join(timeout=30)
+    assert ran_on[0].name == "own" and ran_on[0] is not threading.current_thread()
+    assert not ran_on[0].is_alive()  # its OpenMP pool, if it made one, went with it
+    with pytest.raises(ZeroDivisionError):
+        await run_in_own_thread(lambda: 1 / 0, name="own")
