@@ -76,8 +76,7 @@ class ComputeThread:
             if item is _STOP:
                 self._queue.put(_STOP)  # the outer loop stops after the waiting work returns
                 return
-            if isinstance(item, tuple):  # not a stale wake-up of serve_until
-                self._execute(item)
+            _execute(item)
 
     def serve_until(self, done: Future[Any], poll_s: float, keep_waiting: Callable[[], bool]) -> None:
         """Run queued calls on this thread until ``done`` completes; every ``poll_s`` without a call,
@@ -95,8 +94,7 @@ class ComputeThread:
             if item is _STOP:
                 self._queue.put(_STOP)
                 raise RuntimeError(f"{self._thread.name} closed while work waited on it")
-            if isinstance(item, tuple):
-                self._execute(item)
+            _execute(item)
 
     def close(self, wait: bool = True) -> None:
         """Stop after the calls queued so far; ``wait``: until the thread has."""
@@ -109,20 +107,7 @@ class ComputeThread:
 
     def _serve(self) -> None:
         while (item := self._queue.get()) is not _STOP:
-            if isinstance(item, tuple):  # not a stale wake-up of serve_until
-                self._execute(item)
-
-    @staticmethod
-    def _execute(item: tuple[Future[Any], Callable[[], Any]]) -> None:
-        future, call = item
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            result = call()
-        except BaseException as error:  # handed to the caller, as an executor does
-            future.set_exception(error)
-        else:
-            future.set_result(result)
+            _execute(item)
 
     def _check_on_thread(self) -> None:
         if not self.on_thread():
@@ -134,8 +119,23 @@ async def run_in_own_thread(fn: Callable[..., T], *args: Any, name: str) -> T:
     torch work that must not hold a :class:`ComputeThread` (loading a model while another keeps serving)."""
     future: Future[T] = Future()
 
-    def target() -> None:
-        ComputeThread._execute((future, functools.partial(fn, *args)))
-
-    threading.Thread(target=target, name=name, daemon=True).start()
+    threading.Thread(
+        target=_execute, args=((future, functools.partial(fn, *args)),), name=name, daemon=True
+    ).start()
     return await asyncio.wrap_future(future)
+
+
+def _execute(item: Any) -> None:
+    """Run a queued ``(future, call)`` into its future; anything else (a stale wake-up left by
+    :meth:`ComputeThread.serve_until`) is skipped."""
+    if not isinstance(item, tuple):
+        return
+    future, call = item
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        result = call()
+    except BaseException as error:  # handed to the caller, as an executor does
+        future.set_exception(error)
+    else:
+        future.set_result(result)
