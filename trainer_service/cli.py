@@ -24,6 +24,7 @@ import yaml
 from grpo_runtime.call_errors import ServiceCallError
 from trainer_service.client import TrainerClient
 from trainer_service.config.run_config import ConfigError, RunConfig, load_config, local_reward_settings
+from trainer_service.core.confinement import unix_socket_path
 from trainer_service.core.output_dir import completed_resume, record_completion
 from trainer_service.core.types import JobEvent, RunState, discard
 from trainer_service.local.launcher import spawn_service, start_local_services, wait_serving
@@ -131,15 +132,25 @@ def demo(argv: Sequence[str]) -> int:
 
 def _demo_trainer_settings(config: RunConfig) -> dict[str, Any]:
     """Settings of the demo's own trainer service: its StartRun confinement roots are the directories of this
-    config's output, data and secret files (the user runs the demo on their own files)."""
+    config's output, data, model, secret and socket files, and its allow-lists hold this config's tools and
+    reporting integrations (the user runs the demo on their own files and code)."""
 
     def parents(*paths: str | None) -> list[str]:
         return list(dict.fromkeys(str(Path(path).resolve().parent) for path in paths if path is not None))
 
+    t, s = config.training, config.services
+    baseline = t.guards.eval_gate.baseline_file if t.guards and t.guards.eval_gate else None
+    models = [path for path in (config.base, s.rollout_model) if path is not None and Path(path).exists()]
+    addresses = [s.reward, s.environment, *(s.rollout or [])]
+    sockets = [unix_socket_path(target) for target in addresses if target is not None]
     return {
         "runs_root": str(Path(config.output).resolve()),
-        "data_roots": parents(config.data.train, config.data.eval),
-        "secret_roots": parents(config.services.admin_token_file, config.services.tls_ca_file),
+        "data_roots": parents(config.data.train, config.data.eval, baseline),
+        "model_roots": parents(*models),
+        "secret_roots": parents(s.admin_token_file, s.tls_ca_file),
+        "socket_roots": parents(*sockets),
+        "allowed_tools": list(t.tools or []),
+        "allowed_report_to": [t.report_to] if isinstance(t.report_to, str) else list(t.report_to),
     }
 
 

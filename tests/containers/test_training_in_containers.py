@@ -39,9 +39,15 @@ def trio(images, network: Network, runs_dir: Path, tiny_models) -> Iterator[dict
         started["rollout"] = start_service(
             images["rollout"], "rollout", network, ["--model", "/opt/grpo/models/demo", "--engine", "hf"]
         )
-        # StartRun writes only under runs_root and reads data only under data_roots, as deployments set them.
+        # StartRun writes only under runs_root, reads data only under data_roots and models only under
+        # model_roots, as deployments set them.
         config = runs_dir.parent / "trainer.yaml"
-        config.write_text(yaml.safe_dump({"runs_root": RUNS_IN_CONTAINER, "data_roots": ["/opt/grpo/data"]}))
+        roots = {
+            "runs_root": RUNS_IN_CONTAINER,
+            "data_roots": ["/opt/grpo/data"],
+            "model_roots": ["/opt/grpo/models"],
+        }
+        config.write_text(yaml.safe_dump(roots))
         config.chmod(0o644)
         started["trainer"] = start_service(
             images["trainer"],

@@ -303,7 +303,8 @@ class TrainingConfig(_Strict):
     environment: EnvironmentEntry | None = None
     environments: list[EnvironmentEntry] | None = Field(default=None, min_length=1)
     # TRL's tools=: plain functions ('module:function') as the episodes' tools, served by the locally
-    # spawned reward service (written into its settings: it imports code only from its own settings).
+    # spawned reward service (written into its settings: it imports code only from its own settings). Over
+    # StartRun only entries in the trainer service's allowed_tools pass (trainer_service.core.confinement).
     tools: list[FunctionPath] | None = Field(default=None, min_length=1)
     # Tool-calling rounds per episode (TRL max_tool_calling_iterations); max_turns counts model turns
     # (iterations + 1). None = the rollout service's limits.

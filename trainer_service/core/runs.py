@@ -7,7 +7,8 @@ queue; one reader thread per run moves them into the run's history on the servic
 that dies without reporting an end is marked FAILED with its exit code.
 
 StartRun's caller may be hostile: its YAML is parsed off the event loop within size, depth and alias limits,
-every path in it is confined to the service's roots (:mod:`trainer_service.core.confinement`), at most
+every path in it is confined to the service's roots and every importable name (function tools, reporting
+integrations) to its allow-lists (:mod:`trainer_service.core.confinement`), at most
 ``max_concurrent_runs`` runs live at once, and an output directory a live worker holds (its lock, see
 :mod:`trainer_service.core.output_dir`) is refused.
 """
@@ -36,7 +37,7 @@ from grpo_runtime.errors import (
     ResourceExhausted,
 )
 from trainer_service.config.run_config import parse_config
-from trainer_service.core.confinement import RunRoots, confine
+from trainer_service.core.confinement import RunAllowList, RunRoots, confine
 from trainer_service.core.output_dir import check_unlocked
 from trainer_service.core.types import JobEvent, RunInfo, RunState
 from trainer_service.core.worker import WORKER_LOG, run_worker
@@ -93,6 +94,7 @@ class RunManager:
         self._poll_s = poll_s
         self._settings = settings or TrainerServiceSettings()
         self._roots = RunRoots.of(self._settings)
+        self._allowed = RunAllowList.of(self._settings)
 
     # -- starting -----------------------------------------------------------------------------------------
     async def start(self, config_yaml: str, run_id: str = "", resume: bool = False) -> str:
@@ -107,7 +109,7 @@ class RunManager:
         self._check_run_id(run_id)
         # Path resolution, mkdir and the lock probe touch the file system: off the loop. The capacity is
         # checked after the paths so that a bad path is reported as such whatever the load.
-        output_dir = await asyncio.to_thread(confine, config, self._roots)
+        output_dir = await asyncio.to_thread(confine, config, self._roots, self._allowed)
         self._check_capacity()
         await asyncio.to_thread(self._prepare_output, output_dir)
         # Checked again: other StartRuns may have registered while this one waited.

@@ -20,15 +20,19 @@ from trainer_service.settings import TrainerServiceSettings
 REPO = Path(__file__).resolve().parents[3]
 DEMO_MODEL = REPO / "models" / "demo"
 DEMO_DATA = REPO / "data" / "demo"
+# Where the tests' models live: the tiny models (tests/conftest.py) and the shipped ones.
+MODEL_ROOTS = [REPO / "tests" / "assets" / "models", REPO / "models"]
 
 
 def confined_settings(root: Path, **overrides) -> TrainerServiceSettings:
-    """Trainer service settings whose runs root is ``root/runs``, data root ``root`` and secret root
-    ``root/secrets``: what a StartRun of these tests may touch."""
+    """Trainer service settings whose runs root is ``root/runs``, data root ``root``, secret root
+    ``root/secrets`` and model roots the tests' model directories: what a StartRun of these tests may
+    touch."""
     fields = {
         "stop_grace_s": 5.0,
         "runs_root": root / "runs",
         "data_roots": [root],
+        "model_roots": MODEL_ROOTS,
         "secret_roots": [root / "secrets"],
         **overrides,
     }

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from grpo_runtime.call_errors import InvalidArgumentError, NotFoundError
-from tests.integration.trainer.fixtures import run_config
+from tests.integration.trainer.fixtures import MODEL_ROOTS, run_config
 from tests.support.server_thread import server_thread
 from trainer_service.client import TrainerClient
 from trainer_service.core.types import JobEvent, RunInfo, RunState
@@ -18,7 +18,9 @@ from trainer_service.settings import TrainerServiceSettings
 def trainer(tmp_path_factory):
     """A trainer service whose runs and data may be anywhere under pytest's temporary directory."""
     tmp = tmp_path_factory.getbasetemp()
-    settings = TrainerServiceSettings(stop_grace_s=10, runs_root=tmp, data_roots=[tmp])
+    settings = TrainerServiceSettings(
+        stop_grace_s=10, runs_root=tmp, data_roots=[tmp], model_roots=MODEL_ROOTS
+    )
     with server_thread(lambda: build(settings)) as server, TrainerClient(server.address) as client:
         yield client
 

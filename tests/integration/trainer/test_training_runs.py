@@ -23,7 +23,7 @@ from grpo_runtime.config import ServerConfig
 from grpo_runtime.server import GrpcServer
 from rollout_service.client import RolloutClient
 from rollout_service.core.types import WeightFormat
-from tests.integration.trainer.fixtures import CrashAndRestart, run_config
+from tests.integration.trainer.fixtures import MODEL_ROOTS, CrashAndRestart, run_config
 from trainer_service.config.run_config import parse_config
 from trainer_service.core.types import JobEvent, RunState
 from trainer_service.local.launcher import ServiceProcess, free_port, start_service
@@ -103,7 +103,9 @@ async def trainer_stub(tmp_path_factory):
     """TrainerService as ``python -m trainer_service`` assembles it, on a loopback port of this process; runs
     and data may be anywhere under pytest's temporary directory."""
     tmp = tmp_path_factory.getbasetemp()
-    settings = TrainerServiceSettings(stop_grace_s=10, runs_root=tmp, data_roots=[tmp])
+    settings = TrainerServiceSettings(
+        stop_grace_s=10, runs_root=tmp, data_roots=[tmp], model_roots=MODEL_ROOTS
+    )
     bindings, cleanup = await build(settings)
     async with GrpcServer(ServerConfig(port=0), bindings) as server:
         async with grpc.aio.insecure_channel(server.address) as channel:
