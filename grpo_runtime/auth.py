@@ -4,10 +4,14 @@ An RPC is *admin* when its method descriptor carries the proto option ``(grpo.co
 true``. When the server has an admin token, such calls must send the metadata
 ``authorization: Bearer <token>``; the comparison is constant-time so response timing does not
 leak how much of a guessed token matched.
+
+The server interceptor also records, per call, whether the caller holds the admin token
+(:func:`caller_is_admin`), so a public RPC can leave out what only admins may see.
 """
 
 from __future__ import annotations
 
+import contextvars
 import hmac
 from collections.abc import Iterable, Sequence
 
@@ -16,6 +20,10 @@ from grpo.common.v1 import common_pb2
 
 AUTHORIZATION_KEY = "authorization"
 BEARER_SCHEME = "bearer"
+
+# Whether the caller of the RPC being served holds the admin token (every caller does on a server that has
+# none); set by the server interceptor for each call, False outside an RPC.
+_caller_is_admin: contextvars.ContextVar[bool] = contextvars.ContextVar("grpo_caller_is_admin", default=False)
 
 
 def admin_methods(services: Iterable[ServiceDescriptor]) -> frozenset[str]:
@@ -50,3 +58,13 @@ def token_matches(presented: str | None, expected: str) -> bool:
 def bearer_metadata(token: str) -> tuple[str, str]:
     """The metadata pair a client sends to authenticate with ``token``."""
     return (AUTHORIZATION_KEY, f"Bearer {token}")
+
+
+def caller_is_admin() -> bool:
+    """Whether the caller of the RPC being served may call admin RPCs (False outside an RPC)."""
+    return _caller_is_admin.get()
+
+
+def set_caller_is_admin(admin: bool) -> None:
+    """Record for the RPC being served whether its caller holds the admin token (the interceptor's job)."""
+    _caller_is_admin.set(admin)

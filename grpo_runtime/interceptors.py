@@ -10,7 +10,8 @@ For each call, whatever its shape (unary or streaming on either side), it:
    keeps errors "trailers-only", which is what lets the client's retry policy retry an UNAVAILABLE
    answered by the servicer (gRPC commits a call, and stops retrying it, once headers arrive);
 2. answers UNAUTHENTICATED, before the servicer runs, when the RPC is marked admin, the server has an
-   admin token, and the call lacks ``authorization: Bearer <token>`` with that token;
+   admin token, and the call lacks ``authorization: Bearer <token>`` with that token; for every call it
+   records whether the caller holds that token (:func:`grpo_runtime.auth.caller_is_admin`);
 3. answers INVALID_ARGUMENT (field ``request``) for a request message that does not decode — for example
    one nested past protobuf's recursion limit — where grpc itself would answer INTERNAL;
 4. maps :class:`~grpo_runtime.errors.ServiceError` to its status code with details
@@ -33,7 +34,7 @@ from typing import Any, NoReturn
 
 import grpc
 
-from grpo_runtime.auth import bearer_token, token_matches
+from grpo_runtime.auth import bearer_token, set_caller_is_admin, token_matches
 from grpo_runtime.errors import RETRY_PUSHBACK_KEY, InvalidArgument, ResourceExhausted, ServiceError
 from grpo_runtime.logging_setup import RpcContext, current_rpc
 from grpo_runtime.metrics import RpcMetrics
@@ -252,11 +253,9 @@ class RuntimeInterceptor(grpc.aio.ServerInterceptor):
         rpc = _Rpc(service, method, _request_id(metadata), time.perf_counter(), service in QUIET_SERVICES)
         current_rpc.set(RpcContext(service, method, rpc.request_id))
         self._metrics.in_flight.labels(service, method).inc()
-        if (
-            self._admin_token is not None
-            and path in self._admin_methods
-            and not token_matches(bearer_token(metadata), self._admin_token)
-        ):
+        admin = self._admin_token is None or token_matches(bearer_token(metadata), self._admin_token)
+        set_caller_is_admin(admin)
+        if path in self._admin_methods and not admin:
             self._finish(rpc, grpc.StatusCode.UNAUTHENTICATED)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_DETAILS, self._trailers(rpc))
         return rpc

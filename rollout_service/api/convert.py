@@ -239,7 +239,9 @@ def wake_up_response(result: WakeResult) -> rollout_pb2.WakeUpResponse:
     )
 
 
-def status_response(status: StatusInfo) -> rollout_pb2.GetStatusResponse:
+def status_response(status: StatusInfo, *, admin: bool) -> rollout_pb2.GetStatusResponse:
+    """``admin``: whether the caller holds the admin token. The shared-memory directory and its token
+    are only for a trainer that pushes weights (an admin); anyone else gets them empty."""
     return rollout_pb2.GetStatusResponse(
         engine=status.engine,
         device=status.device,
@@ -253,6 +255,6 @@ def status_response(status: StatusInfo) -> rollout_pb2.GetStatusResponse:
         weight_format=int(status.weight_format),
         weight_transport=int(status.weight_transport),
         weight_transports=[int(t) for t in status.weight_transports],
-        weight_shm_dir=status.weight_shm_dir,
-        weight_shm_token=status.weight_shm_token,
+        weight_shm_dir=status.weight_shm_dir if admin else "",
+        weight_shm_token=status.weight_shm_token if admin else "",
     )

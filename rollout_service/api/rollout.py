@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
+from grpo_runtime.auth import caller_is_admin
 from rollout_service.api import convert
 from rollout_service.core.rollout import RolloutCore
 
@@ -50,4 +51,4 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         return rollout_pb2.CloseWeightChannelResponse()
 
     async def GetStatus(self, request, context) -> rollout_pb2.GetStatusResponse:
-        return convert.status_response(self._core.status())
+        return convert.status_response(self._core.status(), admin=caller_is_admin())

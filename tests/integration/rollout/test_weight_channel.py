@@ -319,7 +319,18 @@ def test_channel_rpcs_need_the_admin_token(tiny_models, tmp_path):
             lambda: anonymous.close_weight_channel(),
         ):
             assert failure(call)[0] == grpc.StatusCode.UNAUTHENTICATED
-        assert anonymous.status().weight_shm_dir == str(tmp_path.resolve())  # GetStatus is public
+        # GetStatus is public, but the shared-memory directory and its token are for the trainer only.
+        public = anonymous.status()
+        assert (public.weight_shm_dir, public.weight_shm_token) == ("", "")
+        assert WeightTransport.SHARED_MEMORY in public.weight_transports
+        with RolloutClient(running.address, admin_token="s3cret") as admin:
+            status = admin.status()
+        assert status.weight_shm_dir == str(tmp_path.resolve())
+        assert (
+            tmp_path / f".grpo-weight-shm-{status.weight_shm_token}"
+        ).read_text() == status.weight_shm_token
+        with RolloutClient(running.address, admin_token="wrong") as impostor:
+            assert impostor.status().weight_shm_dir == ""
     assert not list(tmp_path.iterdir())  # the token file goes with the replica
 
 
