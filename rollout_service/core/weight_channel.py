@@ -403,7 +403,7 @@ class SharedMemoryDir:
         """Map every bucket file read-only (blocking: run in a thread); views as flat uint8 tensors.
 
         Each name must be a plain file name (no ``/``, ``..``, leading dot) of a regular file, not a
-        symlink, directly in the directory, of exactly the declared size."""
+        symlink, directly in the directory, with no other hard link, of exactly the declared size."""
         files = manifest.bucket_files
         if len(files) != len(manifest.bucket_bytes):
             raise InvalidArgument(
@@ -430,6 +430,12 @@ class SharedMemoryDir:
             raise InvalidArgument(f"{name!r} is a symbolic link", field=where)
         fd, info = open_confined(self.directory, path, where)
         try:
+            # A second name may be one in another directory of the same file system (another process's
+            # /dev/shm segment): the directory's confinement would not hold for the file's contents.
+            if info.st_nlink != 1:
+                raise InvalidArgument(
+                    f"{name!r} has {info.st_nlink} hard links; a bucket file has exactly one", field=where
+                )
             if info.st_size != size:
                 raise InvalidArgument(f"{name!r} has {info.st_size} bytes, the bucket {size}", field=where)
             identity = (info.st_dev, info.st_ino, size)

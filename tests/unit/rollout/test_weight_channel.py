@@ -147,6 +147,27 @@ def test_shared_memory_files_are_mapped_only_inside_the_directory(tmp_path):
     assert list(shm.directory.iterdir()) == [shm.directory / "link.bucket"]
 
 
+def test_a_bucket_file_with_a_second_hard_link_is_refused_naming_it(tmp_path):
+    shm = SharedMemoryDir.open(tmp_path / "shm")
+    files = BucketFiles(shm.directory)
+    try:
+        plan = plan_buckets(TENSORS)
+        (name,) = files.write(TENSORS, plan)
+        # The second name lives outside the directory: the same bytes, reachable from elsewhere.
+        os.link(shm.directory / name, tmp_path / "elsewhere.bucket")
+        with pytest.raises(InvalidArgument, match="2 hard links") as info:
+            shm.map_buckets(manifest(bucket_files=(name,)))
+        assert info.value.field == "bucket_files[0]"
+        assert name in info.value.message
+        os.unlink(tmp_path / "elsewhere.bucket")
+        (bucket,) = shm.map_buckets(manifest(bucket_files=(name,)))
+        assert torch.equal(tensors_in_buckets(manifest(), [bucket])["a.weight"], TENSORS["a.weight"])
+        del bucket
+    finally:
+        files.close()
+        shm.close()
+
+
 def test_the_channel_refuses_what_it_cannot_serve():
     channel = WeightChannel(None)
     assert channel.supported == (WeightTransport.GRPC_STREAM, WeightTransport.TORCH_DISTRIBUTED)
