@@ -96,6 +96,13 @@ class Aborted(ServiceError):
     code = grpc.StatusCode.ABORTED
 
 
+class DeadlineExceeded(ServiceError):
+    """Something the call waits for did not happen within the time the request allows (a group that did
+    not form within its timeout)."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
 class Unavailable(ServiceError):
     """The service is starting or shutting down, or a dependency is unreachable; retry."""
 

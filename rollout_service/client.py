@@ -287,7 +287,8 @@ class RolloutClient(ServiceClient):
     ) -> WeightTransport:
         """Have the replica join a data plane: SHARED_MEMORY (its ``weight_shm_dir``), or the
         torch.distributed group the caller (rank 0) hosts at ``init_method`` (``tcp://host:port``),
-        which this call waits for while the caller joins it too (up to ``join_timeout_s``)."""
+        which this call waits for while the caller joins it too (up to ``join_timeout_s``; then
+        DeadlineExceededError naming ``timeout_seconds``)."""
         request = rollout_pb2.OpenWeightChannelRequest(
             transport=int(transport),
             init_method=init_method,

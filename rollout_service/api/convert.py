@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
-from google.protobuf import json_format
+from google.protobuf import json_format, struct_pb2
 from grpo.rollout.v1 import rollout_pb2
 
 from grpo_runtime.errors import InvalidArgument
@@ -47,11 +48,21 @@ def sampling_spec(msg: rollout_pb2.SamplingParams) -> SamplingSpec:
     )
 
 
-def episode_spec(msg: rollout_pb2.Episode) -> EpisodeSpec:
+def struct_dict(msg: struct_pb2.Struct, field: str) -> dict[str, Any]:
+    """A Struct as JSON values; INVALID_ARGUMENT(``field``) for what JSON cannot hold (a NaN or infinite
+    number)."""
+    try:
+        return json_format.MessageToDict(msg)
+    except ValueError as exc:
+        raise InvalidArgument(f"is not JSON: {exc}", field=field) from exc
+
+
+def episode_spec(msg: rollout_pb2.Episode, field: str = "episode") -> EpisodeSpec:
+    """``field``: where the episode is in the request (``prompts[2].episode``), for errors."""
     return EpisodeSpec(
         environment=msg.environment,
-        params=json_format.MessageToDict(msg.params),
-        metadata=json_format.MessageToDict(msg.metadata),
+        params=struct_dict(msg.params, f"{field}.params"),
+        metadata=struct_dict(msg.metadata, f"{field}.metadata"),
         max_turns=msg.max_turns if msg.HasField("max_turns") else None,
         max_tool_calls=msg.max_tool_calls if msg.HasField("max_tool_calls") else None,
         target=msg.target,
@@ -65,9 +76,9 @@ def generate_request(msg: rollout_pb2.GenerateRequest) -> GenerateRequest:
             messages=tuple((m.role, m.content) for m in p.messages),
             text=p.text,
             token_ids=tuple(p.token_ids),
-            episode=episode_spec(p.episode) if p.HasField("episode") else None,
+            episode=episode_spec(p.episode, f"prompts[{i}].episode") if p.HasField("episode") else None,
         )
-        for p in msg.prompts
+        for i, p in enumerate(msg.prompts)
     )
     return GenerateRequest(
         prompts=prompts,

@@ -253,14 +253,14 @@ class RolloutCore:
         self, transport: WeightTransport, spec: GroupSpec | None
     ) -> WeightTransport:
         """Join the trainer's data plane (a second Open replaces the first); joining a group runs in
-        a thread, for at most ``spec.timeout_s``."""
+        a thread of its own, waited for at most ``spec.timeout_s`` (DEADLINE_EXCEEDED after it)."""
         self.channel.check_open(transport, spec)
         async with self._channel_lock:
             if transport == WeightTransport.SHARED_MEMORY:
                 self.channel.open_shared_memory()
             else:
                 assert spec is not None
-                await asyncio.to_thread(self.channel.join_group, spec)
+                await self.channel.join_group(spec)
         return self.channel.transport
 
     async def close_weight_channel(self) -> None:

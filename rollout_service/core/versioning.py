@@ -23,6 +23,9 @@ from grpo_runtime.compute_thread import ComputeThread
 from grpo_runtime.errors import InvalidArgument
 from rollout_service.core.types import WeightFormat
 
+# Versions are uint64 on the wire but int64 inside engines (vLLM keys LoRA adapters by an int64 id).
+MAX_POLICY_VERSION = 2**63 - 1
+
 
 class ReadWriteLock:
     """Asyncio readers-writer lock, writer-preferring."""
@@ -107,10 +110,12 @@ class VersionState:
     weight_format: WeightFormat = WeightFormat.UNSPECIFIED
 
     def check_next(self, version: int) -> None:
-        """A new version must be strictly greater than the one serving."""
-        if version <= self.policy_version:
+        """A new version must be strictly greater than the one serving, and at most
+        :data:`MAX_POLICY_VERSION`."""
+        if not self.policy_version < version <= MAX_POLICY_VERSION:
             raise InvalidArgument(
-                f"must be greater than the current policy version {self.policy_version}, got {version}",
+                f"must be greater than the current policy version {self.policy_version} and below 2**63, "
+                f"got {version}",
                 field="version",
             )
 

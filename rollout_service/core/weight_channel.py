@@ -9,7 +9,8 @@ tensors each, over one of two transports:
   replica maps it. A random token file, written by the replica at start, lets a trainer tell that
   it really sees the same directory.
 - **torch.distributed**: each bucket is broadcast from the trainer (rank 0) into a buffer the
-  replica preallocates (:mod:`rollout_service.engines.torch_group`).
+  replica preallocates (:mod:`rollout_service.engines.torch_group`). Joining the group takes at
+  most its timeout (:class:`GroupJoiner`).
 
 The manifest (:class:`ChannelManifest`) is hostile input: every byte range must lie inside its
 bucket, aligned for its dtype, without overlap, and match the tensor's shape; each violation is
@@ -20,14 +21,17 @@ buckets and go through the same validation as a streamed update
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import itertools
+import logging
 import math
 import mmap
 import os
 import re
 import secrets
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +61,10 @@ MAX_DIMS = 8
 TOKEN_PREFIX = ".grpo-weight-shm-"
 # Bucket file names: a plain name, no path separator, no leading dot (the token file's).
 _BUCKET_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
+# Abandoned joins (threads torch still holds past the join's timeout) allowed at once.
+MAX_ABANDONED_JOINS = 4
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -210,20 +218,132 @@ def tensors_in_buckets(manifest: ChannelManifest, buckets: Sequence[torch.Tensor
     return out
 
 
+# ---------------------------------------------------------------------------------- joining a group
+@dataclass
+class _JoinAttempt:
+    """One join on its thread. ``wakeup`` is set on the caller's loop when the join ended; the other
+    fields are guarded by the joiner's lock."""
+
+    spec: GroupSpec
+    wakeup: asyncio.Future[None]
+    group: BroadcastGroup | None = None
+    error: BaseException | None = None
+    finished: bool = False
+    abandoned: bool = False
+
+
+class GroupJoiner:
+    """Joins torch.distributed groups, each on a daemon thread of its own, and waits for each at most
+    its ``timeout_s``.
+
+    torch bounds most of a join by that timeout but not all of it: a store address that accepts the
+    connection and never answers blocks the store's handshake in a receive without a timeout. Such a
+    join is *abandoned*: the caller gets DEADLINE_EXCEEDED at the timeout, and the thread, a daemon that
+    holds no lock and does not hold up the process's exit, closes whatever group it still makes and ends
+    when the peer closes the connection. At most ``max_abandoned`` abandoned joins may wait at once; past
+    them a join is RESOURCE_EXHAUSTED.
+    """
+
+    def __init__(self, max_abandoned: int = MAX_ABANDONED_JOINS) -> None:
+        self.max_abandoned = max_abandoned
+        self._lock = threading.Lock()
+        self._abandoned = 0
+
+    @property
+    def abandoned(self) -> int:
+        """Abandoned joins whose threads still wait."""
+        with self._lock:
+            return self._abandoned
+
+    async def join(self, spec: GroupSpec, device: str) -> BroadcastGroup:
+        """The joined group; DEADLINE_EXCEEDED once ``spec.timeout_s`` passed, FAILED_PRECONDITION when
+        torch refused sooner."""
+        with self._lock:
+            if self._abandoned >= self.max_abandoned:
+                raise ResourceExhausted(
+                    f"{self._abandoned} abandoned joins still wait inside torch (at most "
+                    f"{self.max_abandoned}); each ends when torch gives up or its peer closes the connection"
+                )
+        loop = asyncio.get_running_loop()
+        attempt = _JoinAttempt(spec, loop.create_future())
+        thread = threading.Thread(
+            target=self._run, args=(attempt, device, loop), name="weight-group-join", daemon=True
+        )
+        thread.start()
+        try:
+            await asyncio.wait({attempt.wakeup}, timeout=spec.timeout_s)
+        except BaseException:  # the call was cancelled: nobody takes the group
+            group, _ = self._settle(attempt)
+            if group is not None:
+                group.close()
+            raise
+        group, error = self._settle(attempt)
+        if error is not None:
+            raise error
+        assert group is not None
+        return group
+
+    def _settle(self, attempt: _JoinAttempt) -> tuple[BroadcastGroup | None, BaseException | None]:
+        """What the join ended with, or, while it still runs, abandon it."""
+        with self._lock:
+            if attempt.finished:
+                return attempt.group, attempt.error
+            attempt.abandoned = True
+            self._abandoned += 1
+        log.warning(
+            "abandoned a join of the weight group at %s (timeout %g s) that torch had not ended: it retries "
+            "a refused connection past the timeout, and waits for a silent peer's answer for good",
+            attempt.spec.init_method,
+            attempt.spec.timeout_s,
+        )
+        return None, attempt.spec.not_formed("torch did not give up in time; the join is abandoned")
+
+    def _run(self, attempt: _JoinAttempt, device: str, loop: asyncio.AbstractEventLoop) -> None:
+        """The join itself (on its own thread): hand the outcome over, or close an abandoned join's group."""
+        group: BroadcastGroup | None = None
+        error: BaseException | None = None
+        try:
+            group = BroadcastGroup(attempt.spec, device)
+        except BaseException as exc:  # handed to the caller, whatever it is
+            error = exc
+        with self._lock:
+            attempt.finished = True
+            abandoned = attempt.abandoned
+            if abandoned:
+                self._abandoned -= 1
+            else:
+                attempt.group, attempt.error = group, error
+        if abandoned:
+            if group is not None:
+                group.close()
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(_wake, attempt.wakeup)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 # ---------------------------------------------------------------------------------- the channel
 class WeightChannel:
     """The replica's end of the data plane: at most one open channel, shared memory or a group.
 
     ``shm``: the shared-memory directory the replica was started with (None: none).
-    ``device``: where broadcast buffers go for nccl (the engine's device). Blocking methods
-    (:meth:`join_group`, :meth:`receive`) run in a worker thread, one at a time (the core holds
-    its lock around them).
+    ``device``: where broadcast buffers go for nccl (the engine's device). ``joiner``: joins groups
+    within their timeouts (default, one of its own). :meth:`receive` blocks (run it in a worker
+    thread); :meth:`join_group` waits on the event loop. One of them at a time (the core holds its
+    lock around them).
     """
 
-    def __init__(self, shm: SharedMemoryDir | None, device: str = "cpu") -> None:
+    def __init__(
+        self, shm: SharedMemoryDir | None, device: str = "cpu", joiner: GroupJoiner | None = None
+    ) -> None:
         self.shm = shm
         self.device = device
         self.transport = WeightTransport.GRPC_STREAM
+        self.joiner = joiner or GroupJoiner()
         self._group: BroadcastGroup | None = None
         # CPU receive buffers, kept from push to push while the group is open: writing into fresh
         # pages costs a page fault per 4 KiB, more than gloo's copy itself. (CUDA buffers are not kept:
@@ -255,10 +375,11 @@ class WeightChannel:
         self.close()
         self.transport = WeightTransport.SHARED_MEMORY
 
-    def join_group(self, spec: GroupSpec) -> None:
-        """Leave any open channel and join ``spec``'s group (blocks up to ``spec.timeout_s``)."""
-        self.close()
-        self._group = BroadcastGroup(spec, self.device)
+    async def join_group(self, spec: GroupSpec) -> None:
+        """Leave any open channel and join ``spec``'s group, waiting at most ``spec.timeout_s``
+        (:meth:`GroupJoiner.join`)."""
+        await asyncio.to_thread(self.close)
+        self._group = await self.joiner.join(spec, self.device)
         self.transport = WeightTransport.TORCH_DISTRIBUTED
 
     def close(self) -> None:

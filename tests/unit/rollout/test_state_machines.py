@@ -9,7 +9,7 @@ import pytest
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument
 from rollout_service.core.sleep import SleepState
 from rollout_service.core.types import WeightFormat
-from rollout_service.core.versioning import ReadWriteLock, VersionState
+from rollout_service.core.versioning import MAX_POLICY_VERSION, ReadWriteLock, VersionState
 
 
 def test_version_must_increase():
@@ -21,6 +21,17 @@ def test_version_must_increase():
         assert info.value.field == "version"
     state.advance(4, WeightFormat.STATE_DICT)
     assert (state.policy_version, state.weight_format) == (4, WeightFormat.STATE_DICT)
+
+
+def test_versions_stay_inside_int64():
+    """The wire's uint64 reaches 2**64 - 1; engines key adapters by an int64."""
+    state = VersionState()
+    for too_large in (MAX_POLICY_VERSION + 1, 2**64 - 1):
+        with pytest.raises(InvalidArgument, match="below 2\\*\\*63") as info:
+            state.check_next(too_large)
+        assert info.value.field == "version"
+    state.advance(MAX_POLICY_VERSION, WeightFormat.STATE_DICT)
+    assert state.policy_version == 2**63 - 1
 
 
 async def test_writer_waits_for_readers_and_blocks_new_ones():
