@@ -1,4 +1,10 @@
-"""protobuf ↔ domain objects of the reward service (no logic beyond shape)."""
+"""protobuf ↔ domain objects of the reward service (no logic beyond shape).
+
+Reading a request costs time linear in its size and refuses early: a Struct stops converting once it is past
+the size it may have, and a field path is only spelt out for the error that names it (building one per value
+would cost the path's length for every value under it). Callers run :func:`score_request` off the event
+loop: converting a request near the message limit takes seconds of Python.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from google.protobuf import json_format, struct_pb2
 from grpo.reward.v1 import reward_pb2
 
 from grpo_runtime.errors import InvalidArgument
+from reward_service.core.scorer import ScoreLimits
 from reward_service.core.stress import StressReport
 from reward_service.core.types import (
     Message,
@@ -22,31 +29,104 @@ from reward_service.core.types import (
 # Nesting allowed in metadata and params (objects and lists together). protobuf's decoder already refuses
 # about 48 Struct levels; this keeps what parses within what rewards and JSON tools handle comfortably.
 MAX_STRUCT_DEPTH = 32
+# Characters of one caller-chosen key shown in a field path; the whole details are cut anyway.
+PATH_KEY_CHARS = 64
 
 
-def _struct(value: struct_pb2.Struct, field: str) -> dict[str, Any]:
-    """A Struct as plain JSON values; InvalidArgument naming ``field.<path>`` for a NaN/inf number or
-    nesting past MAX_STRUCT_DEPTH (no JSON value is either)."""
-    return {key: _plain(item, f"{field}.{key}", 1) for key, item in value.fields.items()}
+class _Refused(Exception):
+    """A value a Struct may not hold; ``steps`` is its path inside the Struct, innermost first, filled in
+    while the exception travels up (so a path is built once, for the error, not for every value)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.steps: list[str] = []
 
 
-def _plain(value: struct_pb2.Value, field: str, depth: int) -> Any:
+class _OverBudget(Exception):
+    """The Struct holds more than its budget; the error names the whole Struct."""
+
+
+class _Budget:
+    """The characters a Struct may still hold, counted as :func:`reward_service.core.scorer.json_chars`
+    counts them (every string, keys included, plus one per other value); None = no limit."""
+
+    def __init__(self, max_chars: int | None) -> None:
+        self.left = max_chars if max_chars is not None else math.inf
+
+    def spend(self, chars: int) -> None:
+        self.left -= chars
+        if self.left < 0:
+            raise _OverBudget()
+
+
+def _path(steps: list[str]) -> str:
+    return "".join(reversed(steps))
+
+
+def _key_step(key: str) -> str:
+    return f".{key[:PATH_KEY_CHARS]}..." if len(key) > PATH_KEY_CHARS else f".{key}"
+
+
+def struct_dict(
+    value: struct_pb2.Struct, field: str, *, max_chars: int | None = None, limit_name: str = ""
+) -> dict[str, Any]:
+    """A Struct as plain JSON values. InvalidArgument naming ``field.<path>`` for a NaN/inf number or
+    nesting past MAX_STRUCT_DEPTH (no JSON value is either), and naming ``field`` as soon as the Struct is
+    past ``max_chars`` characters (``limit_name`` is the setting that says so): the rest is never read."""
+    budget = _Budget(max_chars)
+    try:
+        return _fields(value, budget, 1)
+    except _Refused as refused:
+        raise InvalidArgument(refused.message, field=field + _path(refused.steps)) from None
+    except _OverBudget:
+        raise InvalidArgument(f"more than {limit_name}={max_chars} characters", field=field) from None
+
+
+def _fields(value: struct_pb2.Struct, budget: _Budget, depth: int) -> dict[str, Any]:
+    budget.spend(1)
+    out = {}
+    for key, item in value.fields.items():
+        budget.spend(len(key))
+        try:
+            out[key] = _plain(item, budget, depth)
+        except _Refused as refused:
+            refused.steps.append(_key_step(key))
+            raise
+    return out
+
+
+def _plain(value: struct_pb2.Value, budget: _Budget, depth: int) -> Any:
     kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        text = value.string_value
+        budget.spend(len(text))
+        return text
+    if kind in ("struct_value", "list_value") and depth >= MAX_STRUCT_DEPTH:
+        raise _Refused(f"nested deeper than {MAX_STRUCT_DEPTH} levels")
+    if kind == "struct_value":
+        return _fields(value.struct_value, budget, depth + 1)
+    budget.spend(1)
+    if kind == "list_value":
+        return _items(value.list_value, budget, depth + 1)
     if kind == "number_value":
         if not math.isfinite(value.number_value):
-            raise InvalidArgument(f"must be a finite number, got {value.number_value}", field=field)
+            raise _Refused(f"must be a finite number, got {value.number_value}")
         return value.number_value
-    if kind in ("struct_value", "list_value"):
-        if depth >= MAX_STRUCT_DEPTH:
-            raise InvalidArgument(f"nested deeper than {MAX_STRUCT_DEPTH} levels", field=field)
-        if kind == "struct_value":
-            return {k: _plain(v, f"{field}.{k}", depth + 1) for k, v in value.struct_value.fields.items()}
-        return [_plain(v, f"{field}[{i}]", depth + 1) for i, v in enumerate(value.list_value.values)]
-    if kind == "string_value":
-        return value.string_value
     if kind == "bool_value":
         return value.bool_value
     return None  # null_value, or no kind set (JSON null, as json_format reads it)
+
+
+def _items(value: struct_pb2.ListValue, budget: _Budget, depth: int) -> list[Any]:
+    items = []
+    for i, item in enumerate(value.values):
+        try:
+            items.append(_plain(item, budget, depth))
+        except _Refused as refused:
+            refused.steps.append(f"[{i}]")
+            raise
+    return items
 
 
 def _json_value(value: Any) -> struct_pb2.Value:
@@ -58,16 +138,38 @@ def _json_value(value: Any) -> struct_pb2.Value:
     return out
 
 
-def sample(message: reward_pb2.Sample, index: int) -> Sample:
+def sample(message: reward_pb2.Sample, index: int, limits: ScoreLimits | None = None) -> Sample:
+    """One Sample. With ``limits`` (the scorer's), what would be past them is refused before it is read:
+    the token ids and prompt messages by their counts (a message is at least its role's one character),
+    the metadata as soon as its count passes ``max_metadata_chars``."""
+    where = f"samples[{index}]"
+    if limits is not None:
+        if len(message.completion_ids) > limits.max_completion_ids:
+            raise InvalidArgument(
+                f"{len(message.completion_ids)} token ids, at most "
+                f"max_completion_ids={limits.max_completion_ids}",
+                field=f"{where}.completion_ids",
+            )
+        if len(message.prompt) > limits.max_prompt_chars:
+            raise InvalidArgument(
+                f"{len(message.prompt)} messages, more than max_prompt_chars={limits.max_prompt_chars} "
+                "characters",
+                field=f"{where}.prompt",
+            )
     for j, m in enumerate(message.prompt):
         if not m.role:
-            raise InvalidArgument("role is required", field=f"samples[{index}].prompt[{j}].role")
+            raise InvalidArgument("role is required", field=f"{where}.prompt[{j}].role")
     return Sample(
         id=message.id,
         completion=message.completion,
         prompt=tuple(Message(role=m.role, content=m.content) for m in message.prompt),
         completion_ids=tuple(message.completion_ids),
-        metadata=_struct(message.metadata, f"samples[{index}].metadata"),
+        metadata=struct_dict(
+            message.metadata,
+            f"{where}.metadata",
+            max_chars=limits.max_metadata_chars if limits is not None else None,
+            limit_name="max_metadata_chars",
+        ),
         group=message.group,
     )
 
@@ -75,13 +177,18 @@ def sample(message: reward_pb2.Sample, index: int) -> Sample:
 def reward_spec(message: reward_pb2.RewardSpec, index: int) -> RewardRequest:
     weight = message.weight if message.HasField("weight") else 1.0
     return RewardRequest(
-        name=message.name, weight=weight, params=_struct(message.params, f"rewards[{index}].params")
+        name=message.name, weight=weight, params=struct_dict(message.params, f"rewards[{index}].params")
     )
 
 
-def score_request(message: reward_pb2.ScoreRequest) -> tuple[list[Sample], list[RewardRequest]]:
+def score_request(
+    message: reward_pb2.ScoreRequest, limits: ScoreLimits | None = None
+) -> tuple[list[Sample], list[RewardRequest]]:
+    """(samples, rewards), each sample read only within ``limits`` (:func:`sample`); linear in the
+    request's size, seconds of Python near the message limit, so servicers call it off the event loop
+    after checking the counts."""
     return (
-        [sample(s, i) for i, s in enumerate(message.samples)],
+        [sample(s, i, limits) for i, s in enumerate(message.samples)],
         [reward_spec(r, i) for i, r in enumerate(message.rewards)],
     )
 
@@ -131,11 +238,11 @@ def list_rewards_response(descriptions: Sequence[RewardDescription]) -> reward_p
 
 
 def stress_request(
-    message: reward_pb2.StressRewardRequest,
+    message: reward_pb2.StressRewardRequest, limits: ScoreLimits | None = None
 ) -> tuple[list[Sample], list[RewardRequest], float | None, list[str]]:
-    """(reference samples, rewards, threshold or None, attack names)."""
+    """(reference samples, rewards, threshold or None, attack names); like :func:`score_request`."""
     return (
-        [sample(s, i) for i, s in enumerate(message.samples)],
+        [sample(s, i, limits) for i, s in enumerate(message.samples)],
         [reward_spec(r, i) for i, r in enumerate(message.rewards)],
         message.threshold if message.HasField("threshold") else None,
         list(message.attacks),

@@ -1,7 +1,13 @@
-"""RewardService servicer: protobuf in, one call into the Scorer, protobuf out."""
+"""RewardService servicer: protobuf in, one call into the Scorer, protobuf out.
+
+Each request's counts are checked on the message itself (lengths of repeated fields, no conversion) before
+anything else; conversion both ways then runs off the event loop, since near the limits it takes seconds of
+Python and the loop also answers health checks and every other caller.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -9,7 +15,7 @@ from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 
 from reward_service.api import convert
 from reward_service.core.scorer import Scorer
-from reward_service.core.stress import StressLimits, stress
+from reward_service.core.stress import StressLimits, check_stress_counts, stress
 from reward_service.core.types import RewardRequest, Sample
 
 
@@ -19,19 +25,26 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         self._window = stream_window
         self._stress_limits = stress_limits
 
+    async def _score_request(
+        self, request: reward_pb2.ScoreRequest
+    ) -> tuple[list[Sample], list[RewardRequest]]:
+        self._scorer.check_counts(len(request.samples), len(request.rewards))
+        return await asyncio.to_thread(convert.score_request, request, self._scorer.limits)
+
     async def Score(self, request: reward_pb2.ScoreRequest, context: grpc.aio.ServicerContext):
-        samples, rewards = convert.score_request(request)
-        return convert.score_response(await self._scorer.score(samples, rewards))
+        samples, rewards = await self._score_request(request)
+        results = await self._scorer.score(samples, rewards)
+        return await asyncio.to_thread(convert.score_response, results)
 
     async def ScoreStream(
         self, request_iterator: AsyncIterator[reward_pb2.ScoreRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[reward_pb2.ScoreResponse]:
         async def requests() -> AsyncIterator[tuple[list[Sample], list[RewardRequest]]]:
             async for request in request_iterator:
-                yield convert.score_request(request)
+                yield await self._score_request(request)
 
         async for results in self._scorer.score_stream(requests(), self._window):
-            yield convert.score_response(results)
+            yield await asyncio.to_thread(convert.score_response, results)
 
     async def ListRewards(self, request: reward_pb2.ListRewardsRequest, context: grpc.aio.ServicerContext):
         return convert.list_rewards_response(self._scorer.describe())
@@ -39,8 +52,12 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
     async def StressReward(
         self, request: reward_pb2.StressRewardRequest, context: grpc.aio.ServicerContext
     ) -> reward_pb2.StressRewardResponse:
-        samples, rewards, threshold, attacks = convert.stress_request(request)
+        check_stress_counts(len(request.samples), len(request.attacks), self._stress_limits)
+        self._scorer.check_counts(len(request.samples), len(request.rewards))
+        samples, rewards, threshold, attacks = await asyncio.to_thread(
+            convert.stress_request, request, self._scorer.limits
+        )
         report = await stress(
             self._scorer, samples, rewards, threshold=threshold, attacks=attacks, limits=self._stress_limits
         )
-        return convert.stress_response(report)
+        return await asyncio.to_thread(convert.stress_response, report)

@@ -114,23 +114,31 @@ class Scorer:
             self._in_flight -= 1
             self._released.set()
 
-    def validate(self, samples: Sequence[Sample], rewards: Sequence[RewardRequest]) -> list[dict[str, Any]]:
-        """Checks the request; returns each reward's resolved params. InvalidArgument names the field."""
+    @property
+    def limits(self) -> ScoreLimits:
+        return self._limits
+
+    def check_counts(self, samples: int, rewards: int) -> None:
+        """The checks that need only the request's sample and reward counts: callers run them on the wire
+        form (the lengths of its repeated fields) before converting anything."""
         limits = self._limits
         if not samples:
             raise InvalidArgument("at least one sample is required", field="samples")
-        if len(samples) > limits.max_samples:
+        if samples > limits.max_samples:
             raise ResourceExhausted(
-                f"{len(samples)} samples, at most max_samples={limits.max_samples} per request",
-                field="samples",
+                f"{samples} samples, at most max_samples={limits.max_samples} per request", field="samples"
             )
         if not rewards:
             raise InvalidArgument("at least one reward is required", field="rewards")
-        if len(rewards) > limits.max_rewards:
+        if rewards > limits.max_rewards:
             raise ResourceExhausted(
-                f"{len(rewards)} rewards, at most max_rewards={limits.max_rewards} per request",
-                field="rewards",
+                f"{rewards} rewards, at most max_rewards={limits.max_rewards} per request", field="rewards"
             )
+
+    def validate(self, samples: Sequence[Sample], rewards: Sequence[RewardRequest]) -> list[dict[str, Any]]:
+        """Checks the request; returns each reward's resolved params. InvalidArgument names the field.
+        Linear in the request's size (metadata is walked): :meth:`score` runs it off the event loop."""
+        self.check_counts(len(samples), len(rewards))
         for i, sample in enumerate(samples):
             self._check_size(i, sample)
         seen: dict[str, int] = {}
@@ -208,7 +216,8 @@ class Scorer:
     ) -> list[SampleResult]:
         """One result per sample, components in request order; ResourceExhausted when the bound is reached
         (unless ``wait``)."""
-        resolved = self.validate(samples, rewards)
+        # Both walk the whole request (up to max_samples x max_rewards): seconds of Python at the limits.
+        resolved = await asyncio.to_thread(self.validate, samples, rewards)
         async with self._slot(wait):
             columns = await asyncio.gather(
                 *(
@@ -216,7 +225,7 @@ class Scorer:
                     for spec, params in zip(rewards, resolved, strict=True)
                 )
             )
-        return combine(samples, rewards, columns)
+        return await asyncio.to_thread(combine, samples, rewards, columns)
 
     async def score_stream(
         self, requests: AsyncIterator[tuple[list[Sample], list[RewardRequest]]], window: int

@@ -14,6 +14,7 @@ Attacks that need the gold (``gold_*``, ``boxed_many``) are skipped for a sample
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -167,6 +168,20 @@ def _chosen(names: Sequence[str]) -> list[Attack]:
     return [by_name[name] for name in dict.fromkeys(names)]
 
 
+def check_stress_counts(references: int, attacks: int, limits: StressLimits) -> None:
+    """The bounds on reference samples and attack names (no more names than there are attacks); a caller
+    holding a request checks them on its counts before converting it."""
+    if not references:
+        raise InvalidArgument("at least one reference sample is required", field="samples")
+    if references > limits.max_samples:
+        raise ResourceExhausted(
+            f"{references} samples, at most stress_max_samples={limits.max_samples} per request",
+            field="samples",
+        )
+    if attacks > len(ATTACKS):
+        raise InvalidArgument(f"{attacks} attack names; there are {len(ATTACKS)} attacks", field="attacks")
+
+
 async def stress(
     scorer: Scorer,
     references: Sequence[Sample],
@@ -178,17 +193,12 @@ async def stress(
 ) -> StressReport:
     """Scores every chosen attack on every reference sample (module docstring). InvalidArgument or
     ResourceExhausted name the field, as Score's do."""
-    if not references:
-        raise InvalidArgument("at least one reference sample is required", field="samples")
-    if len(references) > limits.max_samples:
-        raise ResourceExhausted(
-            f"{len(references)} samples, at most stress_max_samples={limits.max_samples} per request",
-            field="samples",
-        )
+    check_stress_counts(len(references), len(attacks), limits)
     if threshold is not None and not math.isfinite(threshold):
         raise InvalidArgument(f"must be finite, got {threshold}", field="threshold")
     chosen = _chosen(attacks)
-    scorer.validate(references, rewards)  # the references' sizes and the rewards, named as in the request
+    # The references' sizes and the rewards, named as in the request; walks all metadata: off the loop.
+    await asyncio.to_thread(scorer.validate, references, rewards)
     probes: list[Sample] = []
     slots: list[tuple[str, int]] = []  # (attack name or "" for the baseline, reference index) per probe
     results: list[SampleResult] = []

@@ -1,12 +1,15 @@
-"""protobuf -> domain conversion of Score requests: Struct values, non-finite numbers, nesting depth."""
+"""protobuf -> domain conversion of Score requests: Struct values, non-finite numbers, nesting depth, the
+metadata size limit applied while converting, and field paths that cost nothing until an error names one."""
 
 from __future__ import annotations
 
 import pytest
+from google.protobuf import struct_pb2
 from grpo.reward.v1 import reward_pb2
 
 from grpo_runtime.errors import InvalidArgument
 from reward_service.api import convert
+from reward_service.core.scorer import ScoreLimits, json_chars
 from tests.support.hostile_inputs import nested_value
 
 
@@ -49,3 +52,71 @@ def test_nesting_is_limited_naming_the_field():
     with pytest.raises(InvalidArgument, match="nested deeper than 32 levels") as error:
         convert.score_request(request)
     assert error.value.field.startswith("samples[0].metadata.deep[0]")
+
+
+LIMITS = ScoreLimits(max_metadata_chars=500, max_completion_ids=100, max_prompt_chars=50)
+
+
+def _nulls(count: int) -> struct_pb2.Value:
+    """A list of ``count`` nulls: ``count + 1`` characters as json_chars counts them."""
+    value = struct_pb2.Value()
+    for _ in range(count):
+        value.list_value.values.add().null_value = struct_pb2.NULL_VALUE
+    return value
+
+
+def _sized_request(chars: int, tail: struct_pb2.Value | None = None) -> reward_pb2.ScoreRequest:
+    """One sample whose metadata ``{"x": [null, ...]}`` is ``chars`` characters (1 + 1 for the key + the
+    list), with ``tail`` appended to the list past that."""
+    request = _request()
+    value = _nulls(chars - 3)
+    if tail is not None:
+        value.list_value.values.add().CopyFrom(tail)
+    request.samples[0].metadata.fields["x"].CopyFrom(value)
+    return request
+
+
+def test_metadata_at_the_limit_converts_and_counts_as_the_scorer_does():
+    samples, _ = convert.score_request(_sized_request(500), LIMITS)
+    assert json_chars(samples[0].metadata) == 500
+
+
+def test_metadata_past_the_limit_is_refused_before_the_rest_is_read():
+    nan = struct_pb2.Value(number_value=float("nan"))
+    with pytest.raises(InvalidArgument, match="more than max_metadata_chars=500 characters") as error:
+        convert.score_request(_sized_request(501, tail=nan), LIMITS)
+    # The NaN after the limit was never reached: the error is about size, naming the whole Struct.
+    assert error.value.field == "samples[0].metadata"
+    samples, _ = convert.score_request(_sized_request(501))  # no limit: the same metadata converts
+    assert json_chars(samples[0].metadata) == 501
+
+
+def test_field_paths_are_built_only_for_the_error_and_cut_long_keys():
+    """A long key above many values: each value used to get its own copy of the path (quadratic); now
+    the path exists only in the error, and a key in it is cut to PATH_KEY_CHARS."""
+    request = _request()
+    key = "k" * 2_000_000
+    inner = request.samples[0].metadata.fields[key].struct_value
+    for i in range(100_000):  # 100k copies of a 2 MB path would be 200 GB
+        inner.fields[str(i)].null_value = struct_pb2.NULL_VALUE
+    inner.fields["bad"].list_value.values.add().number_value = float("inf")
+    with pytest.raises(InvalidArgument, match="must be a finite number") as error:
+        convert.score_request(request)
+    assert error.value.field == f"samples[0].metadata.{'k' * convert.PATH_KEY_CHARS}....bad[0]"
+
+
+def test_token_ids_and_prompt_messages_past_the_limits_are_refused_by_count():
+    request = _request()
+    request.samples[0].completion_ids.extend([7] * 100)
+    for _ in range(50):
+        request.samples[0].prompt.add(role="u")
+    samples, _ = convert.score_request(request, LIMITS)
+    assert len(samples[0].completion_ids) == 100 and len(samples[0].prompt) == 50
+    request.samples[0].prompt.add()  # no role: the count is checked before any message is read
+    with pytest.raises(InvalidArgument, match="51 messages, more than max_prompt_chars=50") as error:
+        convert.score_request(request, LIMITS)
+    assert error.value.field == "samples[0].prompt"
+    request.samples[0].completion_ids.append(7)
+    with pytest.raises(InvalidArgument, match="101 token ids, at most max_completion_ids=100") as error:
+        convert.score_request(request, LIMITS)
+    assert error.value.field == "samples[0].completion_ids"

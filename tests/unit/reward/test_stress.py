@@ -86,6 +86,7 @@ async def test_gold_attacks_are_skipped_without_gold_and_batches_are_split(score
         ),
         ({"references": []}, InvalidArgument, "samples"),
         ({"attacks": ["rm -rf"]}, InvalidArgument, "attacks[0]"),
+        ({"attacks": ["empty"] * (len(ATTACK_NAMES) + 1)}, InvalidArgument, "attacks"),
         ({"threshold": float("nan")}, InvalidArgument, "threshold"),
         ({"threshold": float("-inf")}, InvalidArgument, "threshold"),
         ({"rewards": [RewardRequest("no_such_reward")]}, InvalidArgument, "rewards[0].name"),
