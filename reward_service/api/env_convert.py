@@ -11,15 +11,20 @@ from grpo.env.v1 import env_pb2
 from grpo_runtime.env_types import EnvironmentInfo, Episode, EpisodeReward, StepOutcome, ToolCall
 
 # The reward API's Struct reader: the same NaN and nesting checks, naming the field.
-from reward_service.api.convert import _struct as struct_dict
+from reward_service.api.convert import struct_dict
 
 
-def open_request(message: env_pb2.OpenEpisodeRequest) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """(environment, params, metadata); InvalidArgument naming the field for a NaN or too-deep Struct."""
+def open_request(
+    message: env_pb2.OpenEpisodeRequest, max_metadata_chars: int | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(params, metadata); InvalidArgument naming the field for a NaN or too-deep Struct, or metadata past
+    ``max_metadata_chars`` (refused as soon as the count passes it). Linear in the request: the servicer
+    runs it off the event loop."""
     return (
-        message.environment,
         struct_dict(message.params, "params"),
-        struct_dict(message.metadata, "metadata"),
+        struct_dict(
+            message.metadata, "metadata", max_chars=max_metadata_chars, limit_name="max_metadata_chars"
+        ),
     )
 
 
@@ -41,6 +46,8 @@ def open_response(episode: Episode) -> env_pb2.OpenEpisodeResponse:
 
 
 def tool_calls(message: env_pb2.StepRequest) -> list[ToolCall]:
+    """The calls, one object each: only their strings are copied (C speed), so this stays cheap once the
+    registry has bounded their number."""
     return [ToolCall(name=c.name, arguments_json=c.arguments_json, id=c.id) for c in message.calls]
 
 

@@ -1,6 +1,12 @@
-"""EnvironmentService servicer: protobuf in, one call into the episode registry, protobuf out."""
+"""EnvironmentService servicer: protobuf in, one call into the episode registry, protobuf out.
+
+The registry's checks that need only counts and names run on the request message before it is converted;
+converting metadata (a walk of every value) runs off the event loop.
+"""
 
 from __future__ import annotations
+
+import asyncio
 
 import grpc
 from grpo.env.v1 import env_pb2, env_pb2_grpc
@@ -21,12 +27,16 @@ class EnvironmentServicer(env_pb2_grpc.EnvironmentServiceServicer):
     async def OpenEpisode(
         self, request: env_pb2.OpenEpisodeRequest, context: grpc.aio.ServicerContext
     ) -> env_pb2.OpenEpisodeResponse:
-        environment, params, metadata = env_convert.open_request(request)
-        return env_convert.open_response(await self._episodes.open(environment, params, metadata))
+        self._episodes.check_open(request.environment, request.params.fields)
+        params, metadata = await asyncio.to_thread(
+            env_convert.open_request, request, self._episodes.max_metadata_chars
+        )
+        return env_convert.open_response(await self._episodes.open(request.environment, params, metadata))
 
     async def Step(
         self, request: env_pb2.StepRequest, context: grpc.aio.ServicerContext
     ) -> env_pb2.StepResponse:
+        self._episodes.check_step(request.episode_id, len(request.calls))
         calls = env_convert.tool_calls(request)
         return env_convert.step_response(await self._episodes.step(request.episode_id, calls))
 

@@ -6,6 +6,12 @@ Every failure on the way is an error *result* (the model sees why and may retry)
 got wrong (unknown episode, too many calls, too many open episodes) raises a domain error, which the runtime
 maps to a status code.
 
+Every check that needs only the request's counts and names (the environment, parameter names, the episode
+bound, the episode id, the number of calls) runs before any of its contents is read: the servicer calls
+:meth:`EpisodeRegistry.check_open` and :meth:`EpisodeRegistry.check_step` on the wire form. What is linear in
+a caller's input and may take more than a few milliseconds (sizing metadata, parsing and schema-checking a
+long call) runs off the event loop.
+
 Calls of one episode run one at a time (a lock per episode); episodes run concurrently. A call that times
 out, or whose Step the caller cancels, cannot be assumed to have stopped (a thread cannot be killed), so its
 episode is marked done and every later call gets an error result. An episode with no call for
@@ -22,7 +28,7 @@ import math
 import numbers
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +51,9 @@ from reward_service.environments.settings import EnvironmentSettings
 log = logging.getLogger(__name__)
 
 TRUNCATION_MARK = "\n[output truncated]"
+# Arguments longer than this are parsed and schema-checked on a worker thread: jsonschema walks every value
+# in Python, about a millisecond per few thousand characters.
+INLINE_ARGUMENTS_CHARS = 4096
 # Client's wait before retrying an OpenEpisode refused for the open-episode bound.
 OPEN_RETRY_AFTER_S = 1.0
 
@@ -89,10 +98,11 @@ class _Episode:
 
 
 def parse_arguments(call: ToolCall, tool: _Tool, max_chars: int) -> dict[str, Any]:
-    """The call's arguments as a dict valid for the tool's schema; ToolError saying what is wrong."""
+    """The call's arguments as a dict valid for the tool's schema; ToolError saying what is wrong. The
+    length is checked as sent, before anything reads the text."""
+    if len(call.arguments_json) > max_chars:
+        raise ToolError(f"arguments are {len(call.arguments_json)} characters, at most {max_chars}")
     text = call.arguments_json.strip() or "{}"
-    if len(text) > max_chars:
-        raise ToolError(f"arguments are {len(text)} characters, at most {max_chars}")
     try:
         arguments = json.loads(text)
     except (ValueError, RecursionError) as exc:
@@ -107,6 +117,17 @@ def parse_arguments(call: ToolCall, tool: _Tool, max_chars: int) -> dict[str, An
         where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
         raise ToolError(f"invalid arguments{' at ' + where.lstrip('.') if where else ''}: {error.message}")
     return arguments
+
+
+def _finite_float(value: Any) -> float | None:
+    """``value`` as a finite float; None for anything else (a bool, text, NaN, an int past float range)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        number = float(value)
+    except (OverflowError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 class EpisodeRegistry:
@@ -134,7 +155,13 @@ class EpisodeRegistry:
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
 
-    async def open(self, environment: str, params: Mapping[str, Any], metadata: Mapping[str, Any]) -> Episode:
+    @property
+    def max_metadata_chars(self) -> int:
+        return self._settings.max_metadata_chars
+
+    def check_open(self, environment: str, params: Collection[str]) -> Environment:
+        """The checks OpenEpisode needs no metadata for: the environment, the parameters' names (``params``
+        may be the request's map, unread), the bound on open episodes. Raises the domain error."""
         env = self._environments.get(environment)
         if not environment:
             raise InvalidArgument("is required", field="environment")
@@ -149,19 +176,29 @@ class EpisodeRegistry:
             )
         if params:  # no shipped environment takes any; other servers may
             key = next(iter(params))
-            raise InvalidArgument(f"environment {environment!r} takes no parameters", field=f"params.{key}")
-        size = json_chars(dict(metadata))
-        if size > self._settings.max_metadata_chars:
             raise InvalidArgument(
-                f"about {size} characters, at most max_metadata_chars={self._settings.max_metadata_chars}",
-                field="metadata",
+                f"environment {environment!r} takes no parameters", field=f"params.{key[:100]}"
             )
+        self._check_capacity()
+        return env
+
+    def _check_capacity(self) -> None:
         if len(self._episodes) + self._opening >= self._settings.max_open_episodes:
             raise ResourceExhausted(
                 f"{self._settings.max_open_episodes} episodes are open (environments.max_open_episodes); "
                 "close finished ones",
                 retry_after_s=OPEN_RETRY_AFTER_S,
             )
+
+    async def open(self, environment: str, params: Mapping[str, Any], metadata: Mapping[str, Any]) -> Episode:
+        env = self.check_open(environment, params)
+        size = await asyncio.to_thread(json_chars, dict(metadata))  # a walk of every value
+        if size > self._settings.max_metadata_chars:
+            raise InvalidArgument(
+                f"about {size} characters, at most max_metadata_chars={self._settings.max_metadata_chars}",
+                field="metadata",
+            )
+        self._check_capacity()  # again: others may have opened episodes meanwhile
         self._opening += 1
         try:
             session = await self._open_session(env, dict(metadata))
@@ -190,15 +227,23 @@ class EpisodeRegistry:
             )
         return episode
 
-    async def step(self, episode_id: str, calls: Sequence[ToolCall]) -> StepOutcome:
+    def check_step(self, episode_id: str, calls: int) -> None:
+        """The checks Step needs only the episode id and the number of ``calls`` for."""
+        self._admit_step(episode_id, calls)
+
+    def _admit_step(self, episode_id: str, calls: int) -> _Episode:
         episode = self._get(episode_id)
         if not calls:
             raise InvalidArgument("at least one tool call is required", field="calls")
-        if len(calls) > self._settings.max_calls_per_step:
+        if calls > self._settings.max_calls_per_step:
             raise ResourceExhausted(
-                f"{len(calls)} tool calls, at most max_calls_per_step={self._settings.max_calls_per_step}",
+                f"{calls} tool calls, at most max_calls_per_step={self._settings.max_calls_per_step}",
                 field="calls",
             )
+        return episode
+
+    async def step(self, episode_id: str, calls: Sequence[ToolCall]) -> StepOutcome:
+        episode = self._admit_step(episode_id, len(calls))
         async with episode.lock:
             if episode.closed:
                 raise NotFound(f"episode {episode_id[:64]!r} was closed", field="episode_id")
@@ -220,7 +265,8 @@ class EpisodeRegistry:
             content, error = str(exc) or type(exc).__name__, True
             if isinstance(exc, SessionBroken) and not episode.broken:
                 episode.broken = content
-        text, truncated = cap(valid_text(content), self._settings.max_result_chars)
+        text, truncated = cap(content, self._settings.max_result_chars)
+        text = valid_text(text)  # after the cut: it encodes the whole text, and keeps its length
         return ToolResult(call.id, call.name, text, error=error, truncated=truncated)
 
     async def _run(self, episode: _Episode, call: ToolCall) -> str:
@@ -230,7 +276,11 @@ class EpisodeRegistry:
         if tool is None:
             known = ", ".join(episode.tools) or "none"
             raise ToolError(f"unknown tool {call.name[:100]!r}; the tools are: {known}")
-        arguments = parse_arguments(call, tool, self._settings.max_arguments_chars)
+        max_chars = self._settings.max_arguments_chars
+        if len(call.arguments_json) > INLINE_ARGUMENTS_CHARS:
+            arguments = await asyncio.to_thread(parse_arguments, call, tool, max_chars)
+        else:
+            arguments = parse_arguments(call, tool, max_chars)
         timeout = self._settings.tool_timeout_s
         try:
             return await asyncio.wait_for(episode.session.call(call.name, arguments), timeout)
@@ -256,11 +306,12 @@ class EpisodeRegistry:
                 return EpisodeReward(None, valid_text(reason[:1000]))
         if value is None:
             return EpisodeReward(None)
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-            return EpisodeReward(
-                None, valid_text(f"get_reward returned {str(value)[:100]!r}, not a finite number")
-            )
-        return EpisodeReward(float(value))
+        number = _finite_float(value)
+        if number is None:
+            # repr() of a float is short; of anything else it may be any length (str of a huge int raises)
+            shown = repr(value) if isinstance(value, float) else f"a value of type {type(value).__name__}"
+            return EpisodeReward(None, f"get_reward returned {shown}, not a finite number")
+        return EpisodeReward(number)
 
     async def close(self, episode_id: str) -> bool:
         episode = self._episodes.pop(episode_id, None)

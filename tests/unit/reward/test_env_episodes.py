@@ -246,3 +246,60 @@ async def test_one_episode_steps_one_call_at_a_time():
     contents = sorted(int(o.results[0].content.split("=")[1]) for o in await asyncio.gather(*steps))
     assert contents == list(range(1, 41))
     assert (await episodes.reward(episode.episode_id)).value == 1.0
+
+
+class HugeReward:
+    """A TRL class whose reward is an int past float range (str() of it raises in Python 3.11+)."""
+
+    def reset(self, **columns) -> None:
+        return None
+
+    def noop(self) -> str:
+        """Does nothing."""
+        return ""
+
+    def get_reward(self) -> int:
+        return 10**5000
+
+
+async def test_a_reward_past_float_range_is_an_error_not_a_crash():
+    episodes = registry(trl={**TRL, "huge": f"{__name__}:HugeReward"})
+    episode = await episodes.open("huge", {}, {})
+    reward = await episodes.reward(episode.episode_id)
+    assert (
+        reward.value is None
+        and reward.error == "get_reward returned a value of type int, not a finite number"
+    )
+
+
+async def test_count_and_name_checks_need_no_contents():
+    """check_open and check_step are what the servicer runs on the wire form before converting it: they
+    take names and counts only, and refuse in the same order open and step do."""
+    episodes = registry(max_calls_per_step=2, max_open_episodes=1)
+    with pytest.raises(InvalidArgument) as info:
+        episodes.check_open("nope", {})
+    assert info.value.field == "environment"
+    with pytest.raises(InvalidArgument) as info:
+        episodes.check_open("calculator", ["p" * 10_000])  # the names of a request's params map
+    assert info.value.field == "params." + "p" * 100
+    episodes.check_open("calculator", [])
+    episode = await episodes.open("calculator", {}, {})
+    with pytest.raises(ResourceExhausted, match="max_open_episodes"):
+        episodes.check_open("calculator", [])
+    with pytest.raises(NotFound):
+        episodes.check_step("no-such-episode", 3)  # the episode first, then the count
+    with pytest.raises(ResourceExhausted, match="max_calls_per_step=2"):
+        episodes.check_step(episode.episode_id, 3)
+    with pytest.raises(InvalidArgument):
+        episodes.check_step(episode.episode_id, 0)
+    episodes.check_step(episode.episode_id, 2)
+
+
+async def test_arguments_are_measured_as_sent_and_long_ones_still_work():
+    episodes = registry(max_arguments_chars=10_000)
+    episode = await episodes.open("calculator", {}, {})
+    padded = ToolCall("calculator", " " * 10_000 + '{"expression": "1 + 1"}')
+    long = ToolCall("calculator", json.dumps({"expression": "1 + 1", "note": "x" * 9000}))
+    results = (await episodes.step(episode.episode_id, [padded, long])).results
+    assert results[0].error and "10023 characters, at most 10000" in results[0].content
+    assert (results[1].content, results[1].error) == ("2", False)  # parsed on a worker thread
