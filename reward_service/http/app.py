@@ -4,11 +4,18 @@ as Score.
 
 Errors are the gRPC ones as HTTP statuses, with a JSON body ``{"error": "<field>: <message>", "field": ...}``:
 INVALID_ARGUMENT and FAILED_PRECONDITION → 400, a body over ``http.max_body_bytes`` or a count over a limit
-→ 413, the concurrency bound → 429 with ``Retry-After`` (seconds); hostile input never gets a 500.
+→ 413, a body slower than ``http.body_timeout_s`` → 408, the concurrency bound → 429 with ``Retry-After``
+(seconds); hostile input never gets a 500. ``field`` names what the caller sent (``query[3]``,
+``prompts[3]``, ``labels[3]``, ``weights[1]``), never the scorer's own sample fields.
+
+Cost: the rewards (query string) and the body's size come first; the body is parsed, its counts checked and
+its samples built on a worker thread, and so is the response: near ``max_body_bytes`` each takes seconds of
+Python, and this loop also serves gRPC. A connection gets ``http.header_timeout_s`` to send its headers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import re
@@ -21,21 +28,53 @@ from grpo_runtime.errors import FailedPrecondition, InvalidArgument, ResourceExh
 from grpo_runtime.server import BindError
 from reward_service.core.bounds import reward_bounds
 from reward_service.core.scorer import Scorer
+from reward_service.core.types import Sample
 from reward_service.http import openrlhf
 from reward_service.http.metrics import HttpMetrics
 from reward_service.http.settings import HttpSettings
 
 log = logging.getLogger(__name__)
 
-# The scorer names sample fields after ScoreRequest (samples[3].completion); here the samples are the queries.
-_SAMPLES_FIELD = re.compile(r"^samples(?=$|[\[.])")
+# The scorer names fields after ScoreRequest (samples[3].metadata, rewards[1].weight): each as what the
+# caller sent. Rewards named by the configuration (no ?rewards=) are the config's http.rewards entries.
+_SAMPLE_FIELDS = (
+    (re.compile(r"^samples\[(\d+)\]\.metadata"), r"labels[\1]"),
+    (re.compile(r"^samples\[(\d+)\]\.prompt(?:\[\d+\])?(?:\.\w+)?"), r"prompts[\1]"),
+    (re.compile(r"^samples\[(\d+)\](?:\.\w+)?"), r"query[\1]"),
+    (re.compile(r"^samples$"), "query"),
+)
+_QUERY_REWARD_FIELDS = (
+    (re.compile(r"^rewards\[(\d+)\]\.weight"), r"weights[\1]"),
+    (re.compile(r"^rewards\[(\d+)\]\.name"), r"rewards[\1]"),
+)
+_CONFIG_REWARD_FIELDS = ((re.compile(r"^rewards(?=\[)"), "http.rewards"),)
 
 
-def _error(status: int, exc: ServiceError, headers: dict[str, str] | None = None) -> web.Response:
-    field = _SAMPLES_FIELD.sub("query", exc.field) if exc.field else None
+def _caller_field(field: str, rewards_in_query: bool) -> str:
+    """The scorer's field name as the field of the HTTP request (or config key) it came from."""
+    rules = _SAMPLE_FIELDS + (_QUERY_REWARD_FIELDS if rewards_in_query else _CONFIG_REWARD_FIELDS)
+    for pattern, replacement in rules:
+        renamed, count = pattern.subn(replacement, field, count=1)
+        if count:
+            return renamed
+    return field
+
+
+def _error(
+    status: int,
+    exc: ServiceError,
+    headers: dict[str, str] | None = None,
+    *,
+    rewards_in_query: bool = True,
+) -> web.Response:
+    field = _caller_field(exc.field, rewards_in_query) if exc.field else None
     message = f"{field}: {exc.message}" if field else exc.message
     body = {"error": message[:1000], "field": field}
     return web.json_response(body, status=status, headers=headers)
+
+
+class _SlowBody(Exception):
+    """The request's body did not arrive within ``http.body_timeout_s``."""
 
 
 def _status_of(exc: ServiceError) -> tuple[int, dict[str, str] | None]:
@@ -60,23 +99,47 @@ class RewardHttpApi:
         self.app.router.add_get("/health", self.health)
 
     async def get_reward(self, request: web.Request) -> web.Response:
+        rewards_in_query = "rewards" in request.query
         try:
-            body = openrlhf.parse_body(await request.read())
-            samples = openrlhf.samples_of(body, self._settings)
             rewards = openrlhf.rewards_of(request.query, self._settings)
+            body = await self._read(request)
+            samples = await asyncio.to_thread(self._samples, body, len(rewards))
             results = await self._scorer.score(samples, rewards)
         except web.HTTPRequestEntityTooLarge:
             return _error(
                 413,
                 InvalidArgument(f"over http.max_body_bytes={self._settings.max_body_bytes}", field="body"),
             )
+        except _SlowBody:
+            return _error(
+                408,
+                InvalidArgument(
+                    f"not received within http.body_timeout_s={self._settings.body_timeout_s:g}s",
+                    field="body",
+                ),
+            )
         except ServiceError as exc:
             status, headers = _status_of(exc)
-            return _error(status, exc, headers)
+            return _error(status, exc, headers, rewards_in_query=rewards_in_query)
         bounds = self._settings.score_range or reward_bounds(rewards, self._scorer.describe())
+        missing = self._settings.missing_reward
         return web.json_response(
-            openrlhf.response_of(results, rewards, bounds, self._settings.missing_reward)
+            await asyncio.to_thread(openrlhf.response_of, results, rewards, bounds, missing)
         )
+
+    async def _read(self, request: web.Request) -> bytes:
+        """The body (at most ``max_body_bytes``: aiohttp refuses more); _SlowBody past ``body_timeout_s``."""
+        try:
+            async with asyncio.timeout(self._settings.body_timeout_s):
+                return await request.read()
+        except TimeoutError:
+            raise _SlowBody() from None
+
+    def _samples(self, body: bytes, rewards: int) -> list[Sample]:
+        """The body's samples, the counts checked before any item is read (on a worker thread)."""
+        columns = openrlhf.columns_of(openrlhf.parse_body(body))
+        self._scorer.check_counts(len(columns.queries), rewards)
+        return openrlhf.samples_of(columns, self._settings, self._scorer.limits)
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "SERVING", "in_flight": self._scorer.in_flight})
@@ -105,11 +168,19 @@ class HttpEndpoint:
         self.metrics = HttpMetrics()
         self._api = RewardHttpApi(scorer, settings, self.metrics)
         self._requested_port = settings.port
+        self._header_timeout_s = settings.header_timeout_s
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
     async def start(self, config: ServerConfig) -> None:
-        runner = web.AppRunner(self._api.app, access_log=None, shutdown_timeout=config.grace_period_s)
+        # aiohttp's keep-alive timer also runs from a connection's opening and is only reset by a complete
+        # request: a client that trickles its headers is closed when it fires.
+        runner = web.AppRunner(
+            self._api.app,
+            access_log=None,
+            shutdown_timeout=config.grace_period_s,
+            keepalive_timeout=self._header_timeout_s,
+        )
         await runner.setup()
         site = web.TCPSite(runner, config.host, self._requested_port, ssl_context=_ssl_context(config))
         try:

@@ -25,17 +25,27 @@ on them);
 Which rewards: ``?rewards=a,b&weights=2,0.5`` (comma lists, weights optional), else the ``http.rewards`` of
 the config. A named reward takes params (and its weight, when ``weights`` is absent) from its
 ``http.rewards`` entry.
+
+Cost: :func:`columns_of` looks only at the body's top level, so the caller checks the counts (``max_samples``)
+before :func:`samples_of` reads any item; each item is refused as soon as it is past its limit (a completion
+over ``max_completion_chars`` as sent, a label past ``max_metadata_chars`` or the nesting limit), and every
+step is linear in what it reads. Parsing and building samples take seconds of Python near ``max_body_bytes``:
+the endpoint runs them off the event loop.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from grpo_runtime.errors import InvalidArgument
 from reward_service.api.convert import MAX_STRUCT_DEPTH
+from reward_service.core.scorer import ScoreLimits
 from reward_service.core.types import Message, RewardRequest, Sample, SampleResult
 from reward_service.http.settings import HttpSettings
 
@@ -53,83 +63,122 @@ def parse_body(body: bytes) -> Any:
         raise InvalidArgument(f"not valid JSON ({reason})", field="body") from None
 
 
-def _depth(value: Any) -> int:
-    """Nesting depth of a JSON value (a scalar is 0), iteratively."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-    return deepest
+@dataclass(frozen=True)
+class Columns:
+    """The body's three lists, checked only at the top level (no item read yet)."""
+
+    queries: list[Any]
+    prompts: list[Any] | None
+    labels: list[Any] | None
 
 
-def _string_list(body: Mapping[str, Any], key: str, required: bool) -> list[str] | None:
+def _list(body: Mapping[str, Any], key: str, required: bool) -> list[Any] | None:
     value = body.get(key)
     if value is None:
         if required:
             raise InvalidArgument("is required (a list of strings)", field=key)
         return None
     if not isinstance(value, list):
-        raise InvalidArgument(f"must be a list of strings, got {type(value).__name__}", field=key)
-    for i, item in enumerate(value):
-        if not isinstance(item, str):
-            raise InvalidArgument(f"must be a string, got {type(item).__name__}", field=f"{key}[{i}]")
+        raise InvalidArgument(f"must be a list, got {type(value).__name__}", field=key)
     return value
 
 
-def _metadata(label: Any, index: int, label_key: str) -> dict[str, Any]:
+def columns_of(body: Any) -> Columns:
+    """The body's ``query``, ``prompts`` and ``labels`` lists; InvalidArgument naming the key. Reads no
+    item, so it costs the same for any body."""
+    if not isinstance(body, dict):
+        raise InvalidArgument(f"must be a JSON object, got {type(body).__name__}", field="body")
+    queries = _list(body, "query", required=True)
+    assert queries is not None
+    prompts, labels = _list(body, "prompts", required=False), _list(body, "labels", required=False)
+    for key, values in (("prompts", prompts), ("labels", labels)):
+        if values is not None and len(values) != len(queries):
+            raise InvalidArgument(f"has {len(values)} items for {len(queries)} queries", field=key)
+    return Columns(queries, prompts, labels)
+
+
+def _text(value: Any, field: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"must be a string, got {type(value).__name__}", field=field)
+    return value
+
+
+def _check_label(label: dict[str, Any], field: str, max_chars: int) -> None:
+    """Refuses an object label nested past MAX_STRUCT_DEPTH, or past ``max_chars`` characters (counted as
+    :func:`reward_service.core.scorer.json_chars` counts them) as soon as the walk gets there."""
+    chars, stack = 0, [(label, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_STRUCT_DEPTH:
+            raise InvalidArgument(f"nested deeper than {MAX_STRUCT_DEPTH} levels", field=field)
+        if isinstance(item, str):
+            chars += len(item)
+        elif isinstance(item, dict):
+            chars += 1 + sum(len(k) for k in item)
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            chars += 1
+            stack.extend((v, depth + 1) for v in item)
+        else:
+            chars += 1
+        if chars > max_chars:
+            raise InvalidArgument(f"more than max_metadata_chars={max_chars} characters", field=field)
+
+
+def _metadata(label: Any, index: int, label_key: str, max_chars: int) -> dict[str, Any]:
+    field = f"labels[{index}]"
     if label is None:
         return {}
     if isinstance(label, bool) or not isinstance(label, str | int | float | dict):
         raise InvalidArgument(
-            f"must be a string, number, object or null, got {type(label).__name__}", field=f"labels[{index}]"
+            f"must be a string, number, object or null, got {type(label).__name__}", field=field
         )
     if isinstance(label, dict):
-        if _depth(label) > MAX_STRUCT_DEPTH:
-            raise InvalidArgument(f"nested deeper than {MAX_STRUCT_DEPTH} levels", field=f"labels[{index}]")
+        _check_label(label, field, max_chars)
         return label
     return {label_key: label}
 
 
+@functools.lru_cache(maxsize=8)
+def _tail(suffixes: tuple[str, ...]) -> re.Pattern[str]:
+    """What :func:`_strip` removes, read on the reversed text: whitespace and the reversed suffixes, tried
+    in that order at each position, as ``str.rstrip`` then the first matching suffix would be. Possessive:
+    one pass, no backtracking state kept per token. A suffix ending in whitespace never matches (``\\s``
+    takes that character first), just as it never could once the text is rstripped."""
+    tokens = [r"\s", *(re.escape(suffix[::-1]) for suffix in suffixes if suffix)]
+    return re.compile(f"(?:{'|'.join(tokens)})*+")
+
+
 def _strip(completion: str, suffixes: Sequence[str]) -> str:
-    """``completion`` without trailing whitespace and any run of ``suffixes`` at its end."""
-    text = completion.rstrip()
-    while True:
-        for suffix in suffixes:
-            if suffix and text.endswith(suffix):
-                text = text[: -len(suffix)].rstrip()
-                break
-        else:
-            return text
+    """``completion`` without trailing whitespace and any run of ``suffixes`` at its end. One regex pass
+    over the reversed text, linear in its length: cutting one suffix at a time would copy the text once
+    per suffix, quadratic in a long run of them."""
+    removed = _tail(tuple(suffixes)).match(completion[::-1]).end()
+    return completion[: len(completion) - removed]
 
 
-def samples_of(body: Any, settings: HttpSettings) -> list[Sample]:
-    """The request's samples, ids ``"0"``, ``"1"``, ... in order; InvalidArgument names the field."""
-    if not isinstance(body, dict):
-        raise InvalidArgument(f"must be a JSON object, got {type(body).__name__}", field="body")
-    queries = _string_list(body, "query", required=True)
-    assert queries is not None
-    prompts = _string_list(body, "prompts", required=False)
-    labels = body.get("labels")
-    if labels is not None and not isinstance(labels, list):
-        raise InvalidArgument(f"must be a list, got {type(labels).__name__}", field="labels")
-    for key, values in (("prompts", prompts), ("labels", labels)):
-        if values is not None and len(values) != len(queries):
-            raise InvalidArgument(f"has {len(values)} items for {len(queries)} queries", field=key)
+def samples_of(columns: Columns, settings: HttpSettings, limits: ScoreLimits) -> list[Sample]:
+    """The request's samples, ids ``"0"``, ``"1"``, ... in order; InvalidArgument names the item. Call it
+    once the counts are known to be within the limits."""
     samples = []
-    for i, query in enumerate(queries):
-        prompt = prompts[i] if prompts is not None else ""
+    for i, item in enumerate(columns.queries):
+        query = _text(item, f"query[{i}]")
+        prompt = _text(columns.prompts[i], f"prompts[{i}]") if columns.prompts is not None else ""
         if not query.startswith(prompt):
             raise InvalidArgument(f"does not start with prompts[{i}]", field=f"query[{i}]")
+        if len(query) - len(prompt) > limits.max_completion_chars:  # bounds what _strip reads
+            raise InvalidArgument(
+                f"{len(query) - len(prompt)} characters after its prompt, at most "
+                f"max_completion_chars={limits.max_completion_chars}",
+                field=f"query[{i}]",
+            )
+        label = columns.labels[i] if columns.labels is not None else None
         samples.append(
             Sample(
                 id=str(i),
                 completion=_strip(query[len(prompt) :], settings.strip_suffixes),
                 prompt=(Message(role="user", content=prompt),) if prompt else (),
-                metadata=_metadata(labels[i] if labels is not None else None, i, settings.label_key),
+                metadata=_metadata(label, i, settings.label_key, limits.max_metadata_chars),
             )
         )
     return samples

@@ -34,6 +34,15 @@ class HttpSettings(BaseModel):
         "names takes its params (and weight, unless ?weights= gives one) from here.",
     )
     max_body_bytes: int = Field(64 * MiB, ge=1024, description="Largest request body; more is 413.")
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a connection has to send a request's headers, from when it opens or from its "
+        "previous response; a slower one is closed (slowloris).",
+    )
+    body_timeout_s: float = Field(
+        120.0, gt=0, description="Seconds a request's body may take to arrive; a slower one is 408."
+    )
     label_key: str = Field(
         "answer", min_length=1, description="Metadata key a text (or number) label is passed as."
     )

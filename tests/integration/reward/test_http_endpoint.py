@@ -3,6 +3,9 @@ called as OpenRLHF's remote_rm_fn calls it (requests.post with a JSON body)."""
 
 from __future__ import annotations
 
+import json
+import math
+import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -169,7 +172,7 @@ def test_health(url):
         ({"prompts": PROMPTS}, None, 400, "query"),
         ([1, 2, 3], None, 400, "body"),
         ({"query": ["a"], "labels": [True]}, None, 400, "labels[0]"),
-        ({"query": ["a"]}, {"rewards": "no_such_reward"}, 400, "rewards[0].name"),
+        ({"query": ["a"]}, {"rewards": "no_such_reward"}, 400, "rewards[0]"),
         ({"query": ["a"]}, {"rewards": "accuracy", "weights": "inf"}, 400, "weights[0]"),
         ({"query": ["a"]}, {"rewards": "accuracy", "weights": "1,2"}, 400, "weights"),
         ({"query": ["a"]}, {"rewards": "accuracy,"}, 400, "rewards[1]"),
@@ -257,3 +260,69 @@ def test_any_json_body_gets_200_or_a_client_error(url, body, rewards):
     assert reply.status_code in (200, 400, 413, 429), reply.text
     if reply.status_code == 200:
         assert set(reply.json()) == {"rewards", "scores", "extra_logs"}
+
+
+# OpenRLHF-shaped bodies: prompts that do and do not prefix their queries, runs of end-of-sequence tokens,
+# labels of every JSON kind, lists of mismatched lengths, counts around max_samples (8 here).
+tails = st.lists(
+    st.sampled_from(["<|im_end|>", "<|endoftext|>", "</s>", " ", "\n", "x", "\\boxed{1}", GOOD]), max_size=12
+).map("".join)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+labels = json_values | st.sampled_from(["1", "4", 7])
+INDEXED = re.compile(r"^(query|prompts|labels|rewards|weights)\[(\d+)\]")
+
+
+@st.composite
+def openrlhf_bodies(draw) -> dict:
+    count = draw(st.integers(0, 10))
+    prompts = [draw(st.sampled_from([*PROMPTS, "", "p"]) | st.text(max_size=8)) for _ in range(count)]
+    queries = [p + draw(tails) if draw(st.booleans()) else draw(st.text(max_size=20)) for p in prompts]
+    body: dict = {"query": queries}
+    if draw(st.booleans()):
+        body["prompts"] = prompts[: draw(st.integers(0, count))] if draw(st.booleans()) else prompts
+    if draw(st.booleans()):
+        body["labels"] = [draw(labels) for _ in range(count + draw(st.sampled_from([0, 0, 0, 1])))]
+    return body
+
+
+def _names_only_what_was_sent(field: str | None, body: dict, params: dict) -> None:
+    """An index in an error's field is one the request has."""
+    match = INDEXED.match(field or "")
+    if match is None:
+        return
+    key, index = match.group(1), int(match.group(2))
+    sent = params[key].split(",") if key in ("rewards", "weights") else body[key]
+    assert index < len(sent), (field, body, params)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    body=openrlhf_bodies(),
+    rewards=st.none()
+    | st.sampled_from(["accuracy", "format,accuracy", "format,format", "x", ",", "prm:none"]),
+    weights=st.none() | st.sampled_from(["1", "2,0.5", "nan", "x", "1e308,1e308"]),
+)
+def test_openrlhf_bodies_get_200_or_a_client_error_naming_what_was_sent(url, body, rewards, weights):
+    params = {k: v for k, v in (("rewards", rewards), ("weights", weights)) if v is not None}
+    reply = post(url, body, params)
+    assert reply.status_code in (200, 400, 413, 429), reply.text
+    answer = reply.json()
+    if reply.status_code == 200:
+        assert len(answer["rewards"]) == len(answer["scores"]) == len(body["query"])
+        assert all(math.isfinite(r) for r in answer["rewards"])
+        assert all(0.0 <= s <= 1.0 for s in answer["scores"])
+    else:
+        _names_only_what_was_sent(answer["field"], body, params)
+    assert requests.get(f"{url}/health", timeout=10).json()["status"] == "SERVING"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.binary(max_size=300) | json_values.map(lambda v: json.dumps({"query": v}).encode()))
+def test_any_bytes_get_a_client_error_or_200(url, raw):
+    reply = requests.post(f"{url}/get_reward", data=raw, timeout=60)
+    assert reply.status_code in (200, 400, 413, 429), reply.text
+    assert requests.get(f"{url}/health", timeout=10).json()["status"] == "SERVING"
