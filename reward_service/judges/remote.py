@@ -8,7 +8,9 @@ completion and reads one ``[k]: score`` line per completion, divided by max_scor
 completions against each other. An answer that cannot be read is that sample's component error quoting
 its start; so are a timeout, a refused request and an exhausted retry budget (see
 ``RemoteJudgeSettings``). The bearer token travels only in the Authorization header: it is never logged
-nor put in an error.
+nor put in an error. A refusal or an unreadable reply is reported by its status and a fixed reason, never
+its body: a judge that echoes the request's headers in an error page would otherwise hand the token to
+every Score caller.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Sequence
+from http import HTTPStatus
 from typing import Any
 
 import aiohttp
@@ -194,10 +197,10 @@ class RemoteJudge:
                             return _content(await response.json(content_type=None))
                         except ValueError:
                             raise JudgeError("unreadable reply: not JSON") from None
-                    reason = f"HTTP {response.status}"
+                    reason = _status_text(response.status)
                     retry_after = response.headers.get("Retry-After")
                     if response.status not in RETRY_STATUSES:
-                        raise JudgeError(f"refused: {reason} {_quote(await response.text())}")
+                        raise JudgeError(f"refused: {reason}")
             except aiohttp.ClientError as exc:  # connection refused or reset, a reply cut short
                 reason, retry_after = type(exc).__name__, None
             if attempt >= settings.retries:
@@ -210,12 +213,20 @@ class RemoteJudge:
             attempt += 1
 
 
+def _status_text(status: int) -> str:
+    """``HTTP 401 Unauthorized``: the code and the standard phrase for it, not the server's own text."""
+    try:
+        return f"HTTP {status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"HTTP {status}"
+
+
 def _content(reply: Any) -> str:
     """``choices[0].message.content`` of a chat-completions reply; JudgeError when it has none."""
     try:
         content = reply["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError):
-        raise JudgeError(f"unreadable reply: no choices[0].message.content in {_quote(str(reply))}") from None
+        raise JudgeError("unreadable reply: no choices[0].message.content") from None
     if not isinstance(content, str):
         raise JudgeError("unreadable reply: the content is not text")
     return content

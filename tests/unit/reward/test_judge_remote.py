@@ -1,12 +1,16 @@
 """Remote judges against a real chat-completions server on 127.0.0.1 (tests/support/judge_server.py):
 answers read as verdicts and scores, retries on 429/5xx with backoff, the per-sample deadline, the
-concurrency limit, group scoring, and the bearer token kept out of every error."""
+concurrency limit, group scoring, and the bearer token kept out of every error (a refusal or an unreadable
+reply is its status and a fixed reason, never its body)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
+from aiohttp import web
 from pydantic import ValidationError
 
 from grpo_runtime.config import ConfigError
@@ -174,3 +178,45 @@ def test_settings_refuse_bad_urls_templates_and_missing_tokens(monkeypatch):
         remote_judges({"j": config})
     monkeypatch.setenv("JUDGE_TOKEN_FOR_TEST", TOKEN)
     assert set(remote_judges({"j": config})) == {"judge:j"}
+
+
+@contextlib.asynccontextmanager
+async def echoing_judge(status: int) -> AsyncIterator[str]:
+    """A judge that answers every request with ``status`` and a body quoting its Authorization header (a
+    debug error page, or a 200 without choices); yields its ``/v1`` URL."""
+
+    async def echo(request: web.Request) -> web.Response:
+        return web.json_response(
+            {"error": f"bad header: {request.headers.get('Authorization')}"}, status=status
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", echo)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [
+        (401, "refused: HTTP 401 Unauthorized"),
+        (200, "unreadable reply: no choices[0].message.content"),
+        (503, "gave up after 2 attempts, last: HTTP 503 Service Unavailable"),
+    ],
+)
+async def test_a_judge_that_echoes_the_token_in_its_body_never_has_it_quoted(status, error):
+    async with echoing_judge(status) as url:
+        config = RemoteJudgeSettings(base_url=url, model="m", retries=1, backoff_s=0.01)
+        judge = RemoteJudge("echo", config, TOKEN)
+        try:
+            (result,) = await judge.score(_samples("x"), {})
+        finally:
+            await judge.close()
+    assert result.value is None and result.error == f"judge:echo: {error}"
+    assert TOKEN not in result.error and "bad header" not in result.error
