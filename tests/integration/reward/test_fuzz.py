@@ -1,9 +1,11 @@
-"""Property-based fuzzing of every reward RPC against a real server: any (bounded) message gets OK or a
-client-error status (never INTERNAL/UNKNOWN), OK answers are well formed, and the server stays SERVING."""
+"""Property-based fuzzing of every reward RPC, and of the EnvironmentService the same process serves, against
+a real server: any (bounded) message gets OK or a client-error status (never INTERNAL/UNKNOWN), OK answers
+are well formed, and the server stays SERVING."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 
@@ -11,6 +13,7 @@ import grpc
 import pytest
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpo.env.v1 import env_pb2, env_pb2_grpc
 from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -195,4 +198,76 @@ def test_admin_rpcs(channel, name, path, kind, fmt, device, dtype):
             call()
         except grpc.RpcError as error:
             assert error.code() in ALLOWED, (error.code(), error.details())
+    _serving(channel)
+
+
+# --- grpo.env.v1.EnvironmentService: the same contract for the tool-episode RPCs -------------------------
+
+ENVIRONMENTS = ["calculator", "python", "", "nope"]
+
+
+def _json_text(value) -> str:
+    try:
+        return json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError):
+        return "{}"
+
+
+expressions = st.text(max_size=30) | st.sampled_from(["1 + 2", "2 ** 99", "1/0"])
+programs = st.sampled_from(["print(1)", "1/0", "x = 2\nx", "while True: pass"])
+nested = '{"expression": ' + "[" * 100 + "]" * 100 + "}"
+odd_arguments = ["", "   ", "{", "[" * 3000, " " * 2000 + "{}", nested]
+arguments = (
+    json_trees.map(_json_text)
+    | st.fixed_dictionaries({"expression": expressions}).map(_json_text)
+    | st.fixed_dictionaries({"code": programs}).map(_json_text)
+    | st.text(max_size=60)
+    | st.sampled_from(odd_arguments)
+)
+
+
+tool_calls = st.builds(
+    lambda name, args, call_id: env_pb2.ToolCall(name=name, arguments_json=args, id=call_id),
+    st.sampled_from(["calculator", "python", "", "reset"]) | st.text(max_size=12),
+    arguments,
+    st.text(max_size=10),
+)
+
+
+@FUZZ
+@given(
+    environment=st.sampled_from(ENVIRONMENTS) | st.text(max_size=12),
+    params=st.just({}) | structs,  # no shipped environment takes params: mostly none
+    metadata=structs,
+    calls=st.lists(tool_calls, max_size=6),
+    use_opened=st.booleans(),
+    other_id=st.text(max_size=40),
+)
+def test_environment_episode(channel, environment, params, metadata, calls, use_opened, other_id):
+    """OpenEpisode → Step → GetReward → CloseEpisode with any (bounded) messages: OK or a client error,
+    one result per call in order, a finite reward or none, and the server stays SERVING."""
+    stub = env_pb2_grpc.EnvironmentServiceStub(channel)
+    request = env_pb2.OpenEpisodeRequest(environment=environment)
+    request.params.CopyFrom(_struct(params))
+    request.metadata.CopyFrom(_struct(metadata))
+    opened = None
+    try:
+        opened = stub.OpenEpisode(request, timeout=60).episode_id
+    except grpc.RpcError as error:
+        assert error.code() in ALLOWED, (error.code(), error.details())
+    episode_id = opened if use_opened and opened is not None else other_id
+    try:
+        outcome = stub.Step(env_pb2.StepRequest(episode_id=episode_id, calls=calls), timeout=60)
+    except grpc.RpcError as error:
+        assert error.code() in ALLOWED, (error.code(), error.details())
+    else:
+        assert [(r.call_id, r.name) for r in outcome.results] == [(c.id, c.name) for c in calls]
+    try:
+        reward = stub.GetReward(env_pb2.GetRewardRequest(episode_id=episode_id), timeout=60)
+    except grpc.RpcError as error:
+        assert error.code() in ALLOWED, (error.code(), error.details())
+    else:
+        assert not reward.HasField("reward") or math.isfinite(reward.reward)
+    if opened is not None:
+        assert stub.CloseEpisode(env_pb2.CloseEpisodeRequest(episode_id=opened), timeout=60).closed
     _serving(channel)
