@@ -2,9 +2,12 @@
 
 Accepted: int and float literals, ``+ - * / // % **``, unary ``+ -``, parentheses, the functions
 ``abs``, ``round``, ``sqrt``, ``floor``, ``ceil``, ``min``, ``max`` and the constants ``pi``, ``e``. Integers
-stay exact (Python ints). Every input is bounded before work is done: expression length, node count,
-``|exponent|``, and the decimal digits of any integer produced (checked *before* a power is computed, from
-bit lengths), so no expression can take more than microseconds or allocate more than a few KiB.
+stay exact (Python ints). Every input is bounded before work is done, not only every output: expression
+length, node count, the decimal digits of every integer (each result, and the result of a product or power
+estimated from bit lengths *before* it is computed), ``|exponent|`` of ``**`` and ``|ndigits|`` of
+``round`` (an integer rounded to ``-n`` digits costs a power of ten with ``n`` digits, whatever the small
+result). Bounded ints make every other operation cheap (``//`` and ``%`` of bounded ints, float conversions),
+so no expression can take more than milliseconds or allocate more than a few KiB.
 """
 
 from __future__ import annotations
@@ -96,26 +99,40 @@ class Calculator:
     def _check(self, value: Any) -> int | float:
         if isinstance(value, complex):
             raise ToolError("the result is not a real number")
-        if isinstance(value, int) and value.bit_length() * DIGITS_PER_BIT > self._settings.max_result_digits:
-            raise ToolError(f"result has more than {self._settings.max_result_digits} digits")
+        if isinstance(value, int):
+            self._refuse_digits(value.bit_length())
         if isinstance(value, float) and not math.isfinite(value):
             raise ToolError("result is not finite")
         return value
+
+    def _refuse_digits(self, bits: int) -> None:
+        """ToolError when an integer of ``bits`` bits would have more than max_result_digits digits."""
+        if bits * DIGITS_PER_BIT > self._settings.max_result_digits:
+            raise ToolError(f"result has more than {self._settings.max_result_digits} digits")
 
     def _power(self, base: int | float, exponent: int | float) -> int | float:
         if abs(exponent) > self._settings.max_exponent:
             raise ToolError(
                 f"exponent {format_number(exponent)} is larger than {self._settings.max_exponent}"
             )
-        digits = self._settings.max_result_digits
-        if (
-            isinstance(base, int)
-            and isinstance(exponent, int)
-            and exponent > 0
-            and (base.bit_length() - 1) * exponent * DIGITS_PER_BIT > digits
-        ):
-            raise ToolError(f"result has more than {self._settings.max_result_digits} digits")
+        if isinstance(base, int) and isinstance(exponent, int) and exponent > 0:
+            self._refuse_digits((base.bit_length() - 1) * exponent)
         return base**exponent
+
+    def _binary(self, op: ast.operator, left: int | float, right: int | float) -> int | float:
+        if isinstance(op, ast.Pow):
+            return self._power(left, right)
+        if isinstance(op, ast.Mult) and isinstance(left, int) and isinstance(right, int):
+            # A product has at least bit_length(a) + bit_length(b) - 1 bits.
+            self._refuse_digits(left.bit_length() + right.bit_length() - 1)
+        return BINARY[type(op)](left, right)
+
+    def _call(self, name: str, args: list[int | float]) -> int | float:
+        if name == "round" and len(args) == 2 and isinstance(args[1], int):
+            ndigits, bound = args[1], self._settings.max_result_digits
+            if abs(ndigits) > bound:
+                raise ToolError(f"round's ndigits {ndigits} is beyond ±{bound} (the most digits of a result)")
+        return FUNCTIONS[name](*args)
 
     def _eval(self, node: ast.AST) -> int | float:
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
@@ -126,9 +143,7 @@ class Calculator:
             return self._check(UNARY[type(node.op)](self._eval(node.operand)))
         if isinstance(node, ast.BinOp) and type(node.op) in BINARY:
             left, right = self._eval(node.left), self._eval(node.right)
-            if isinstance(node.op, ast.Pow):
-                return self._check(self._power(left, right))
-            return self._check(BINARY[type(node.op)](left, right))
+            return self._check(self._binary(node.op, left, right))
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)
@@ -136,7 +151,7 @@ class Calculator:
             and not node.keywords
         ):
             args = [self._eval(a) for a in node.args]
-            return self._check(FUNCTIONS[node.func.id](*args))
+            return self._check(self._call(node.func.id, args))
         raise ToolError(f"not allowed in an expression: {ast.unparse(node)[:80]!r}")
 
 
