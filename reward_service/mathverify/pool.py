@@ -1,13 +1,17 @@
-"""A pool of checker worker processes (math-verify, JSON schema) with a hard per-sample deadline.
+"""A pool of checker worker processes (math-verify, JSON schema, reasoning-gym scoring) with a hard
+per-sample deadline and a memory limit.
 
 Why processes: math-verify's timeouts use ``SIGALRM`` and only work in the main thread of the main
 interpreter, and SymPy can hang inside C code where no signal helps. Each worker is a ``spawn``-ed process
 (never ``fork``: gRPC is not fork-safe) that runs ``worker.serve`` in its main thread, so math-verify's own
 timeouts work there. On top of that every sample has a hard deadline: a worker that overruns it is killed and
 replaced (the pool returns to full size once the new process is ready), and the sample gets
-``error="exceeded the per-sample deadline of Xs ..."`` — never a silent 0, and no orphaned SymPy work. The
-same workers validate completions against user-supplied JSON schemas (see ``worker``), whose regular
-expressions can backtrack without bound.
+``error="exceeded the per-sample deadline of Xs ..."`` — never a silent 0, and no orphaned SymPy work. A job
+that allocates more than ``memory_mb`` past the worker's start-up footprint gets MemoryError in the worker
+(an error naming the limit) instead of growing the host's memory use. The same workers validate completions
+against user-supplied JSON schemas, whose regular expressions can backtrack without bound, and run
+reasoning-gym's scoring code on caller metadata: any module-level function can be a job (``run``; see
+``worker``).
 
 Scheduling: a sample waits in the queue of the worker its gold answer hashes to, so the G completions of a
 group meet that worker's caches (parsed gold, verdicts; see ``worker``); a worker whose own queue is empty
@@ -29,6 +33,7 @@ import logging
 import multiprocessing
 import pickle
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -56,7 +61,7 @@ class _Abandoned(Exception):
 
 @dataclass
 class _Job:
-    payload: bytes  # the pickled task the worker runs, see ``worker._run``
+    payload: bytes  # the pickled ``(function, args)`` the worker runs, see ``worker._run``
     deadline_s: float
     result: asyncio.Future[tuple[float | None, str]] = field(repr=False)
 
@@ -66,7 +71,7 @@ class _Worker:
         self.conn, child = _CONTEXT.Pipe()
         self.process: BaseProcess = _CONTEXT.Process(
             target=worker.serve,
-            args=(child, settings.parse_timeout_s, settings.verify_timeout_s, settings.niceness),
+            args=(child, settings.niceness, settings.memory_mb),
             daemon=True,
             name="mathverify-worker",
         )
@@ -101,7 +106,8 @@ class _Worker:
 
 
 class MathVerifyPool:
-    """``await pool.check(gold, completion)`` → ``(value, error)`` computed in a worker process."""
+    """``await pool.run(function, *args, key=...)`` → ``(value, error)`` computed in a worker process;
+    ``check`` (math-verify) and ``check_json_schema`` are such jobs."""
 
     def __init__(self, settings: MathVerifySettings):
         self.settings = settings
@@ -184,21 +190,34 @@ class MathVerifyPool:
     ) -> tuple[float | None, str]:
         """Verifies one completion against its gold answer with ``options``' extraction and comparison;
         see ``worker.check_answer``."""
-        return await self._submit((worker.MATH, gold, completion, options), gold, deadline_s)
+        timeouts = (self.settings.parse_timeout_s, self.settings.verify_timeout_s)
+        return await self.run(
+            worker.check_answer, gold, completion, *timeouts, options, key=gold, deadline_s=deadline_s
+        )
 
     async def check_json_schema(
         self, schema: Any, completion: str, partial: bool, deadline_s: float | None = None
     ) -> tuple[float | None, str]:
         """Validates one completion against a sample's schema; see ``json_schema.check_completion``."""
-        return await self._submit((worker.JSON_SCHEMA, schema, completion, partial), completion, deadline_s)
+        return await self.run(
+            worker.check_json_schema, schema, completion, partial, key=completion, deadline_s=deadline_s
+        )
 
-    async def _submit(
-        self, task: tuple[Any, ...], key: str, deadline_s: float | None
+    async def run(
+        self,
+        function: Callable[..., tuple[float | None, str]],
+        *args: Any,
+        key: str,
+        deadline_s: float | None = None,
     ) -> tuple[float | None, str]:
+        """``function(*args)`` in a worker process, within ``deadline_s`` (default: the ``deadline_s``
+        setting) from the moment the worker starts it. ``function`` is a module-level function (it pickles
+        by name) returning ``(value, error)``; its arguments pickle by value. Jobs of equal ``key`` wait in
+        the same worker's queue, so they meet that worker's caches."""
         if self._closed:
             raise RuntimeError("math-verify pool is closed")
         job = _Job(
-            pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL),
+            pickle.dumps((function, args), protocol=pickle.HIGHEST_PROTOCOL),
             deadline_s or self.settings.deadline_s,
             asyncio.get_running_loop().create_future(),
         )

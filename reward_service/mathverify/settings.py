@@ -1,4 +1,5 @@
-"""Settings of the math-verify worker pool (the ``mathverify:`` block of the reward service config)."""
+"""Settings of the checker worker pool (the ``mathverify:`` block of the reward service config): it runs
+math-verify, JSON-schema validation and reasoning-gym's scoring."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class MathVerifySettings(BaseModel):
-    """Worker processes and deadlines (seconds) of answer verification."""
+    """Worker processes, deadlines (seconds) and memory limit of answer checking."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -32,6 +33,12 @@ class MathVerifySettings(BaseModel):
         allow_inf_nan=False,
         description="Value of a sample past deadline_s (its error still says why); None = no value, as for "
         "any other failed check.",
+    )
+    memory_mb: int | None = Field(
+        512,
+        ge=16,
+        description="Memory one worker may take past its start-up footprint (MiB, as an address-space "
+        "limit); a sample that needs more is an error naming this limit. None = no limit.",
     )
     niceness: int = Field(
         10,

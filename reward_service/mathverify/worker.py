@@ -1,9 +1,12 @@
 """Code that runs inside a checker worker process (its main thread, so SIGALRM timeouts work).
 
-Two kinds of job run here, both of which can take unbounded CPU on hostile input and are therefore run
-where a hard deadline can kill them: math-verify answers (SymPy) and JSON-schema validation against a
-sample's own schema (its ``pattern``s are user-supplied regular expressions; Python's ``re`` can backtrack
-for hours and never releases the GIL).
+A job is a module-level function and its arguments, ``(function, args)``, pickled by the pool (functions
+pickle by name: the worker imports the function's module); the function returns ``(value, error)``. Every
+job may take unbounded CPU or memory on hostile input and therefore runs where a hard deadline can kill it
+and an address-space limit stops it (see ``serve``): math-verify answers (``check_answer``, SymPy),
+JSON-schema validation against a sample's own schema (``check_json_schema``: its ``pattern``s are
+user-supplied regular expressions; Python's ``re`` can backtrack for hours and never releases the GIL) and
+reasoning-gym's ``score_answer`` on caller metadata (``reward_service.rewards.reasoning_gym.score_entry``).
 
 ``check_answer`` checks one sample with the extraction and comparison of a ``MathVerifyOptions`` (see
 ``options``); with ``options.TRL`` it reproduces TRL's ``trl.rewards.accuracy_reward``:
@@ -29,6 +32,8 @@ import collections
 import functools
 import logging
 import os
+import resource
+from collections.abc import Callable
 from typing import Any
 
 from latex2sympy2_extended import NormalizationConfig
@@ -37,8 +42,20 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 from reward_service.mathverify.options import TRL, MathVerifyOptions
 from reward_service.rewards import json_schema
 
-MATH = "math"
-JSON_SCHEMA = "json_schema"
+try:
+    # Imported here, before the worker says "ready", so that no sample's deadline pays for importing
+    # reasoning-gym (about a second) and the memory limit is measured with it loaded. The slim image has no
+    # reasoning-gym and scores without its tasks.
+    from reward_service.rewards import reasoning_gym  # noqa: F401
+except ModuleNotFoundError as missing:
+    if not (missing.name or "").startswith("reasoning_gym"):
+        raise
+
+Result = tuple[float | None, str]
+Job = tuple[Callable[..., Result], tuple[Any, ...]]
+
+# Bytes in a MiB (the memory limit's unit).
+MIB = 1024 * 1024
 
 
 @functools.lru_cache(maxsize=64)
@@ -150,27 +167,63 @@ def check_answer(
     return value, ""
 
 
-def _run(job: tuple[Any, ...], parse_timeout: int, verify_timeout: int) -> tuple[float | None, str]:
-    """One job: ``(MATH, gold, completion, options)`` or ``(JSON_SCHEMA, schema, completion, partial)``."""
-    if job[0] == MATH:
-        _, gold, completion, options = job
-        return check_answer(gold, completion, parse_timeout, verify_timeout, options)
-    _, schema, completion, partial = job
+def check_json_schema(schema: Any, completion: str, partial: bool) -> Result:
+    """One JSON-schema job: see ``json_schema.check_completion``."""
     result = json_schema.check_completion(schema, completion, partial)
     return result.value, result.error
 
 
-def serve(conn: Any, parse_timeout: int, verify_timeout: int, niceness: int = 0) -> None:
-    """Worker loop: receives a job tuple (see ``_run``), answers ``(value, error)``; ``None`` stops it.
+def address_space_bytes() -> int:
+    """This process's current address space (``VmSize``), in bytes."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmSize in /proc/self/status")
+
+
+def limit_memory(memory_mb: int | None) -> None:
+    """Caps the address space (``RLIMIT_AS``) at what the worker holds now, its imports and warm-up done,
+    plus ``memory_mb`` MiB: a job that allocates past it gets MemoryError, and the worker stays usable.
+    An address-space bound over-counts (reserved but untouched pages count), so it is exact as an upper
+    bound on the memory a job can make the worker take. None: no limit."""
+    if memory_mb is None:
+        return
+    wanted = address_space_bytes() + memory_mb * MIB
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        wanted = min(wanted, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (wanted, hard))
+
+
+def _run(job: Job, memory_mb: int | None) -> Result:
+    """One job, every failure of it an error result (the worker goes on to the next job)."""
+    function, args = job
+    try:
+        return function(*args)
+    except MemoryError:
+        return None, f"exceeded the checker worker's memory limit of {memory_mb} MiB (mathverify.memory_mb)"
+    except RecursionError:
+        return None, "input nested too deeply to check"
+    except Exception as exc:
+        return None, f"verification failed: {type(exc).__name__}: {str(exc)[:200]}"
+
+
+def serve(conn: Any, niceness: int = 0, memory_mb: int | None = None) -> None:
+    """Worker loop: receives a pickled ``(function, args)`` job, answers ``(value, error)``; ``None`` stops
+    it.
 
     ``niceness`` lowers the worker's CPU priority, so that on a saturated machine the service's event loop
-    (health, admission, other callers) is scheduled before a worker grinding on a hostile sample.
+    (health, admission, other callers) is scheduled before a worker grinding on a hostile sample. Its CPU is
+    bounded by the pool's deadline (the pool kills a worker that overruns), its memory by ``memory_mb``
+    (see ``limit_memory``).
     """
     if niceness:
         os.nice(niceness)
     # The first parse/verify pays for lazy imports and grammar set-up (about a second); pay it before
-    # "ready", not inside some sample's deadline.
-    check_answer("1", r"\boxed{1}", parse_timeout, verify_timeout)
+    # "ready", not inside some sample's deadline. (Each job brings its own timeouts; these are TRL's.)
+    check_answer("1", r"\boxed{1}", parse_timeout=10, verify_timeout=5)
+    limit_memory(memory_mb)
     conn.send("ready")
     while True:
         try:
@@ -179,12 +232,7 @@ def serve(conn: Any, parse_timeout: int, verify_timeout: int, niceness: int = 0)
             return
         if job is None:
             return
-        try:
-            result = _run(job, parse_timeout, verify_timeout)
-        except RecursionError:
-            result = (None, "input nested too deeply to check")
-        except Exception as exc:
-            result = (None, f"verification failed: {type(exc).__name__}: {str(exc)[:200]}")
+        result = _run(job, memory_mb)
         try:
             conn.send(result)
         except OSError:  # the pool closed or replaced this worker while it computed: nobody to answer

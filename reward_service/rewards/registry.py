@@ -34,8 +34,8 @@ def builtin_rewards(
 ) -> dict[str, Reward]:
     """Name → reward for every built-in, in DESIGN.md's order (then the later ones); ``code`` is described
     as unavailable when the sandbox is refused; then ``reasoning_gym:<task>`` for every offered task (when
-    reasoning-gym is installed). ``runner`` runs the text and reasoning-gym rewards (default limits when
-    None)."""
+    reasoning-gym is installed), scored in ``pool``'s workers. ``runner`` runs the text rewards (default
+    limits when None)."""
     runner = runner or ThreadRunner()
     text = {r.description.name: r for r in text_rewards(runner)}
     rewards: list[Reward] = [
@@ -53,5 +53,5 @@ def builtin_rewards(
         text["code_format"],
     ]
     if reasoning_gym_rewards is not None:
-        rewards += reasoning_gym_rewards(runner)
+        rewards += reasoning_gym_rewards(pool)
     return {r.description.name: r for r in rewards}

@@ -104,7 +104,9 @@ class GeneratedData(_Strict):
     """Rows of a ``reasoning_gym:<task>`` source: ``size`` entries (eval: ``eval_size``) generated with
     ``seed`` (eval: ``seed + size``: reasoning-gym draws entry ``i`` from ``Random(seed + i)``, so eval rows
     are other draws than train rows), the task built with ``config`` (its config dataclass's fields), a system
-    message from reasoning-gym's ``SYSTEM_PROMPTS[system_prompt]`` (None: no system message)."""
+    message from reasoning-gym's ``SYSTEM_PROMPTS[system_prompt]`` (None: no system message). Loading the
+    data refuses a task the reward service withholds and a ``config`` value past its bound (see
+    ``trainer_service.training.data.generate_rows``)."""
 
     size: int = Field(default=1000, ge=1, le=1_000_000)
     eval_size: int = Field(default=100, ge=1, le=100_000)

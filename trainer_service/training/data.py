@@ -16,7 +16,10 @@ lists.
 
 ``reasoning_gym:<task>`` generates the rows instead (:func:`generate_rows`): the entry's question as the
 user turn (after the configured system prompt), ``answer`` its gold answer and ``reasoning_gym`` its metadata
-as JSON text — what the reward service's ``reasoning_gym:<task>`` rewards rebuild the entry from.
+as JSON text — what the reward service's ``reasoning_gym:<task>`` rewards rebuild the entry from. The reward
+service's policy (``reward_service.rewards.reasoning_gym_tasks``) applies here too, before any generation: a
+task it withholds (its code evaluates text) is refused, and so is a task config value past its bound (the
+run's config is hostile input, and generation runs in the trainer's process).
 """
 
 from __future__ import annotations
@@ -241,9 +244,17 @@ def generate_rows(task: str, generated: GeneratedData, *, split: str) -> list[Ro
     layout."""
     # reasoning-gym (and sympy under it) takes about a second to import: only runs that use it pay.
     reasoning_gym = importlib.import_module("reasoning_gym")
+    policy = importlib.import_module("reward_service.rewards.reasoning_gym_tasks")
     if task not in reasoning_gym.factory.DATASETS:
-        known = ", ".join(sorted(reasoning_gym.factory.DATASETS))
+        known = ", ".join(policy.offered_tasks())
         raise DataError(f"{split} data: unknown reasoning-gym task {task[:80]!r} (tasks: {known})")
+    withheld = policy.withheld_reason(task)
+    if withheld is not None:
+        raise DataError(f"{split} data: reasoning-gym task {task!r} is withheld: {withheld}")
+    try:
+        policy.check_config(task, generated.config, where="data.reasoning_gym.config")
+    except policy.BoundsError as exc:
+        raise DataError(f"{split} data: {exc}") from exc
     if split == "train":
         size, seed = generated.size, generated.seed
     else:

@@ -1,35 +1,52 @@
-"""reasoning_gym:<task> rewards: the task's score_answer on the answer taken from the completion."""
+"""reasoning_gym:<task> rewards: the task's score_answer on the answer taken from the completion, run in the
+checker pool's worker processes (deadline, memory limit) with the entry's metadata bounded."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
-from concurrent.futures import ThreadPoolExecutor
+import operator
 
 import pytest
+import pytest_asyncio
 import reasoning_gym
 
 from reward_service.core.types import Message, Sample
-from reward_service.rewards.base import ThreadRunner
+from reward_service.mathverify.pool import MathVerifyPool
+from reward_service.mathverify.settings import MathVerifySettings
 from reward_service.rewards.params import resolve_params
 from reward_service.rewards.reasoning_gym import (
     PARAMS,
     ReasoningGymReward,
     extract_answer,
-    offered_tasks,
     reasoning_gym_rewards,
+    score_entry,
 )
+from reward_service.rewards.reasoning_gym_tasks import offered_tasks
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+DEADLINE_S = 5.0
+# An answer that makes rush_hour's score_answer step a car 10**15 times, one blocked step at a time: hours.
+ENDLESS_RUSH_HOUR = "<answer>A+1000000000000000</answer>"
 
 
-def entry_sample(task: str, completion: str, *, index: int = 0, as_text: bool = True) -> Sample:
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def pool():
+    p = MathVerifyPool(MathVerifySettings(workers=2, deadline_s=DEADLINE_S, memory_mb=128))
+    await p.start()
+    yield p
+    await p.close()
+
+
+def entry_sample(task: str, completion: str, *, index: int = 0, as_text: bool = True, **changes) -> Sample:
     entry = reasoning_gym.create_dataset(task, size=index + 1, seed=7)[index]
-    metadata = json.dumps(entry["metadata"]) if as_text else entry["metadata"]
+    metadata = {**entry["metadata"], **changes}
     return Sample(
         id=f"{task}-{index}",
         completion=completion,
         prompt=(Message("user", entry["question"]),),
-        metadata={"answer": entry["answer"], "reasoning_gym": metadata},
+        metadata={"answer": entry["answer"], "reasoning_gym": json.dumps(metadata) if as_text else metadata},
     )
 
 
@@ -37,43 +54,43 @@ def gold(task: str, index: int = 0) -> str:
     return reasoning_gym.create_dataset(task, size=index + 1, seed=7)[index]["answer"]
 
 
-def score(task: str, samples: list[Sample], runner: ThreadRunner | None = None, **params) -> list:
-    reward = ReasoningGymReward(task, runner or ThreadRunner())
-    resolved = resolve_params(PARAMS, params, "rewards[0].params")
-    return asyncio.run(reward.score(samples, resolved))
+async def score(task: str, samples: list[Sample], pool: MathVerifyPool, **params) -> list:
+    reward = ReasoningGymReward(task, pool)
+    return await reward.score(samples, resolve_params(PARAMS, params, "rewards[0].params"))
 
 
 @pytest.mark.parametrize("task", ["leg_counting", "spell_backward", "chain_sum", "word_sorting"])
-def test_correct_answers_score_one_and_wrong_ones_less(task):
+async def test_correct_answers_score_one_and_wrong_ones_less(pool, task):
     right = entry_sample(task, f"<think>\ncounting\n</think>\n<answer>{gold(task)}</answer>")
     wrong = entry_sample(task, "<answer>definitely not it</answer>")
     untagged = entry_sample(task, gold(task))  # the gold outside any <answer> tag
-    values = [r.value for r in score(task, [right, wrong, untagged])]
+    values = [r.value for r in await score(task, [right, wrong, untagged], pool)]
     assert values[0] == 1.0
     assert values[1] < 1.0 and values[2] == 0.0
 
 
-def test_entry_metadata_as_object_and_as_json_text_score_alike():
+async def test_entry_metadata_as_object_and_as_json_text_score_alike(pool):
     task = "leg_counting"
     completion = f"<answer>{gold(task, 1)}</answer>"
-    results = score(
+    results = await score(
         task,
         [entry_sample(task, completion, index=1), entry_sample(task, completion, index=1, as_text=False)],
+        pool,
     )
     assert [r.value for r in results] == [1.0, 1.0]
 
 
-def test_answer_formats():
+async def test_answer_formats(pool):
     assert extract_answer("a <answer> x </answer> b <answer>y</answer>", "answer_tag") == "y"
     assert extract_answer("no tag", "answer_tag") is None
     assert extract_answer("reasoning\n42\n\n", "last_line") == "42"
     assert extract_answer("  42 ", "full") == "42"
     task = "chain_sum"
     last_line = entry_sample(task, f"I add them up.\n{gold(task)}")
-    assert score(task, [last_line], answer_format="last_line")[0].value == 1.0
+    assert (await score(task, [last_line], pool, answer_format="last_line"))[0].value == 1.0
 
 
-def test_hostile_metadata_and_answers_are_sample_errors_or_zero():
+async def test_hostile_metadata_and_answers_are_sample_errors_or_zero(pool):
     task = "leg_counting"
     good = entry_sample(task, "<answer>1</answer>")
     other_task = entry_sample("spell_backward", f"<answer>{gold(task)}</answer>")
@@ -83,7 +100,14 @@ def test_hostile_metadata_and_answers_are_sample_errors_or_zero():
     huge = entry_sample(task, "<answer>" + "1" * 20_000 + "</answer>")
     # Linear extraction: a megabyte of unclosed tags is answered at once.
     flood = entry_sample(task, "<answer>" * 200_000)
-    results = score(task, [good, other_task, broken, wrong_type, missing, huge, flood])
+    # More digits than int() converts, and nesting deeper than the parser recurses.
+    digits = Sample(
+        id="d", completion="<answer>1</answer>", metadata={"reasoning_gym": '{"n": ' + "9" * 5000 + "}"}
+    )
+    nested = Sample(id="n", completion="<answer>1</answer>", metadata={"reasoning_gym": "[" * 100_000})
+    results = await score(
+        task, [good, other_task, broken, wrong_type, missing, huge, flood, digits, nested], pool
+    )
     assert results[0].value is not None and not results[0].error
     assert "spell_backward" in results[1].error and results[1].value is None
     assert "not JSON" in results[2].error
@@ -91,34 +115,67 @@ def test_hostile_metadata_and_answers_are_sample_errors_or_zero():
     assert "'reasoning_gym' is required" in results[4].error
     assert results[5].value == 0.0  # longer than max_answer_chars
     assert results[6].value == 0.0
+    assert results[7].value is None and "not JSON" in results[7].error
+    assert results[8].value is None and "nested too deeply" in results[8].error
 
 
-def test_a_stuck_score_answer_costs_its_sample_the_deadline():
-    reward = ReasoningGymReward("leg_counting", ThreadRunner(deadline_s=0.2, budget_s=0.5))
-
-    class Stuck:
-        def score_answer(self, answer, entry):
-            time.sleep(1.0)
-            return 1.0
-
-    reward._dataset = Stuck()
-    samples = [entry_sample("leg_counting", "<answer>1</answer>", index=0)] * 4
-    started = time.monotonic()
-    with ThreadPoolExecutor(4) as pool:
-        reward._runner = ThreadRunner(deadline_s=0.2, budget_s=0.5, executor=pool)
-        results = asyncio.run(reward.score(samples, resolve_params(PARAMS, {}, "p")))
-        elapsed = time.monotonic() - started
-    assert elapsed < 5  # did not wait for the stuck calls
-    assert all(r.value is None for r in results)
-    assert "text_deadline_s" in results[0].error
-    assert "text_budget_s" in results[-1].error
+async def test_metadata_that_sizes_the_work_is_bounded_and_named(pool):
+    """tower_of_hanoi's score_answer builds num_pegs pegs and num_disks disks from the metadata: 10**9 of
+    either is gigabytes. Past the task's hardest curriculum level it is the sample's error naming the field;
+    within it, it scores."""
+    task = "tower_of_hanoi"
+    answer = f"<answer>{gold(task)}</answer>"
+    pegs = entry_sample(task, answer, num_pegs=10**9)
+    disks = entry_sample(task, answer, as_text=False, num_disks=1e9)
+    nan = entry_sample(task, answer, num_disks=float("nan"))
+    fine = entry_sample(task, answer)
+    results = await score(task, [pegs, disks, nan, fine], pool)
+    assert results[0].value is None and "reasoning_gym.num_pegs is 1000000000" in results[0].error
+    assert results[1].value is None and "reasoning_gym.num_disks" in results[1].error
+    assert results[2].value is None and "reasoning_gym.num_disks is nan" in results[2].error
+    assert results[3].value == 1.0, results[3].error
 
 
-def test_tasks_whose_scoring_evaluates_text_are_not_offered():
+async def test_a_job_past_the_memory_limit_is_an_error_naming_it_and_the_worker_stays(pool):
+    replaced = pool.replaced
+    value, error = await pool.run(operator.mul, "x", 1 << 30, key="memory")  # a GiB string
+    assert value is None and "memory limit of 128 MiB (mathverify.memory_mb)" in error
+    assert pool.replaced == replaced  # MemoryError unwinds; nothing had to be killed
+    task = "leg_counting"
+    results = await score(task, [entry_sample(task, f"<answer>{gold(task)}</answer>")], pool)
+    assert results[0].value == 1.0
+
+
+async def test_an_endless_score_answer_is_killed_and_replaced_while_other_samples_score(pool):
+    replaced = pool.replaced
+    endless = entry_sample("rush_hour", ENDLESS_RUSH_HOUR)
+    task = "leg_counting"
+    right = entry_sample(task, f"<answer>{gold(task)}</answer>")
+    stuck = asyncio.ensure_future(score("rush_hour", [endless], pool))
+    # A sample queued at the same moment could be pipelined behind it (and wait for the kill): let a worker
+    # take it alone first. The other worker keeps scoring while that one grinds on the endless answer.
+    await asyncio.sleep(0.5)
+    for _ in range(5):
+        assert [r.value for r in await score(task, [right] * 4, pool)] == [1.0] * 4
+    assert not stuck.done()
+    (result,) = await stuck
+    assert result.value is None
+    assert f"per-sample deadline of {DEADLINE_S:g}s (mathverify.deadline_s)" in result.error
+    assert pool.replaced == replaced + 1
+    for _ in range(600):
+        if pool.alive == pool.size:
+            break
+        await asyncio.sleep(0.1)
+    assert [r.value for r in await score(task, [right] * 4, pool)] == [1.0] * 4
+
+
+async def test_tasks_whose_scoring_evaluates_text_are_not_offered(pool):
     offered = offered_tasks()
     # countdown/puzzle24 parse the answer with sympy (eval), number_sorting evals the gold, codeio execs code.
     for refused in ("countdown", "puzzle24", "number_sorting", "codeio", "composite"):
         assert refused not in offered
+        value, error = score_entry(refused, "1", "", "1", {})
+        assert value is None and f"task {refused!r} is withheld" in error
     assert {"leg_counting", "spell_backward", "chain_sum"} <= set(offered)
-    names = [r.description.name for r in reasoning_gym_rewards(ThreadRunner())]
+    names = [r.description.name for r in reasoning_gym_rewards(pool)]
     assert "reasoning_gym:leg_counting" in names and len(names) == len(offered)

@@ -9,7 +9,8 @@ import pytest
 import reasoning_gym
 
 from reward_service.client import trl_samples
-from reward_service.rewards.base import ThreadRunner
+from reward_service.mathverify.pool import MathVerifyPool
+from reward_service.mathverify.settings import MathVerifySettings
 from reward_service.rewards.params import resolve_params
 from reward_service.rewards.reasoning_gym import PARAMS, ReasoningGymReward
 from trainer_service.config.run_config import parse_config
@@ -61,8 +62,18 @@ def test_rows_score_through_the_reward_as_the_trainer_sends_them(tmp_path):
     completions = [f"<answer>{a}</answer>" for a in batch["answer"][:2]] + ["<answer>-1</answer>"] * 2
     columns = {key: values for key, values in batch.items() if key != "prompt"}
     samples = trl_samples(batch["prompt"], completions, None, columns)
-    reward = ReasoningGymReward("leg_counting", ThreadRunner())
-    results = asyncio.run(reward.score(samples, resolve_params(PARAMS, {}, "params")))
+
+    async def scored():
+        pool = MathVerifyPool(MathVerifySettings(workers=1, standby=False))
+        await pool.start()
+        try:
+            return await ReasoningGymReward("leg_counting", pool).score(
+                samples, resolve_params(PARAMS, {}, "p")
+            )
+        finally:
+            await pool.close()
+
+    results = asyncio.run(scored())
     assert [r.value for r in results] == [1.0, 1.0, 0.0, 0.0], [r.error for r in results]
 
 
@@ -70,9 +81,15 @@ def test_rows_score_through_the_reward_as_the_trainer_sends_them(tmp_path):
     ("train", "block", "fragment"),
     [
         ("reasoning_gym:no_such_task", {}, "unknown reasoning-gym task 'no_such_task'"),
-        ("reasoning_gym:leg_counting", {"config": {"no_such_field": 1}}, "does not fit task 'leg_counting'"),
+        (
+            "reasoning_gym:leg_counting",
+            {"config": {"no_such_field": 1}},
+            "data.reasoning_gym.config.no_such_field is not a field of task 'leg_counting'",
+        ),
         ("reasoning_gym:leg_counting", {"config": {"min_animals": 0}}, "does not fit task 'leg_counting'"),
         ("reasoning_gym:leg_counting", {"system_prompt": "nope"}, "system_prompt 'nope' is not one of"),
+        ("reasoning_gym:leg_counting", {"config": {"size": 5}}, "config.size is set by the data source"),
+        ("reasoning_gym:leg_counting", {"config": {"max_animals": {"a": 1}}}, "must be a number, string"),
     ],
 )
 def test_bad_sources_are_data_errors_naming_the_problem(tmp_path, train, block, fragment):
@@ -80,6 +97,51 @@ def test_bad_sources_are_data_errors_naming_the_problem(tmp_path, train, block, 
     config.data.train = train
     with pytest.raises(DataError, match=fragment):
         read_split(config.data, split="train")
+
+
+@pytest.mark.parametrize("task", ["countdown", "codeio", "number_sorting", "composite"])
+def test_a_task_withheld_from_the_rewards_is_refused_as_training_data(tmp_path, task):
+    """countdown's and number_sorting's code evaluates text with sympy or eval, codeio's runs bundled
+    programs: the reward service withholds them, so does the trainer, before generating a row."""
+    config = run_config(tmp_path).model_copy(deep=True)
+    config.data.train = f"reasoning_gym:{task}"
+    with pytest.raises(DataError, match=f"train data: reasoning-gym task '{task}' is withheld"):
+        read_split(config.data, split="train")
+
+
+@pytest.mark.parametrize(
+    ("task", "task_config", "fragment"),
+    [
+        # 2**40 moves in the solution of each entry, and a dict of 10**9 pegs.
+        ("tower_of_hanoi", {"max_disks": 40}, "config.max_disks is 40, beyond ±15"),
+        ("tower_of_hanoi", {"max_pegs": 10**9}, "config.max_pegs is 1000000000, beyond ±5"),
+        (
+            "leg_counting",
+            {"max_instances": 1e12},
+            r"config.max_instances is 1000000000000.0, beyond ±1024 \(for task 'leg_counting'",
+        ),
+        ("leg_counting", {"min_animals": -(10**9)}, "config.min_animals is -1000000000"),
+        # A file name is opened under the package's data directory: no path leaves it.
+        ("spell_backward", {"data_file": "/etc/passwd"}, "config.data_file must name one of reasoning-gym's"),
+        ("spell_backward", {"data_file": "../../../../etc/passwd"}, "config.data_file must name one of"),
+        ("aiw", {"male_names": ["Bob"] * 1000}, "config.male_names has 1000 items, at most 100"),
+        ("aiw", {"male_names": ["x" * 10_000]}, r"config.male_names\[0\] is longer than 200 characters"),
+    ],
+)
+def test_a_task_config_past_its_bounds_is_refused_naming_the_key(tmp_path, task, task_config, fragment):
+    config = run_config(tmp_path, config=task_config).model_copy(deep=True)
+    config.data.train = f"reasoning_gym:{task}"
+    with pytest.raises(DataError, match=f"train data: data.reasoning_gym.{fragment}"):
+        read_split(config.data, split="train")
+
+
+def test_a_task_config_within_its_bounds_generates(tmp_path):
+    config = run_config(tmp_path, config={"min_disks": 3, "max_disks": 5, "max_pegs": 4}).model_copy(
+        deep=True
+    )
+    config.data.train = "reasoning_gym:tower_of_hanoi"
+    rows = read_split(config.data, split="train")
+    assert len(rows) == 6 and all(3 <= json.loads(r["reasoning_gym"])["num_disks"] <= 5 for r in rows)
 
 
 def test_a_generated_source_needs_no_data_root(tmp_path):
