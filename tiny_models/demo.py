@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-from tiny_models.make import _save, qwen2_config
+from tiny_models.make import _save, qwen2_config, served_tokenizer
 from tiny_models.tokenizer import build_tokenizer
 
 # a op b with a up to two digits and b one digit: the tiny model reaches one half in about 400 steps
@@ -260,14 +260,9 @@ def build_demo(
     write_jsonl(train_rows, data / "train.jsonl")
     write_jsonl(test_rows, data / "test.jsonl")
 
-    # Train with the tokenizer exactly as every consumer (TRL, vLLM, the services) loads it from the
-    # model directory: next to a Qwen2 config.json, AutoTokenizer resolves it to Qwen2Tokenizer, whose
-    # pre-tokenizer splits every digit on its own, unlike the in-memory ``build_tokenizer()``.
     shared_tokenizer = build_tokenizer()
     config = qwen2_config(shared_tokenizer)
-    shared_tokenizer.save_pretrained(out)
-    config.save_pretrained(out)
-    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer = served_tokenizer(shared_tokenizer, config, out)
     model = Qwen2ForCausalLM(config)
     history = pretrain(
         model,

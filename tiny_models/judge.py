@@ -1,19 +1,30 @@
-"""A tiny judge: a Qwen2 causal LM trained for a few seconds to answer a judge's yes/no question.
+"""A tiny judge: a Qwen2 causal LM trained to a checked criterion to answer a judge's yes/no question.
 
 Task: "What is a + b?" with a reference answer and a response (three phrasings) that states its final
 answer either as ``\\boxed{x}`` or as plain ``x``; the judge's first answer token is ``Yes`` for a boxed
 final answer and ``No`` otherwise, right or wrong (spotting a token is learnt in seconds; comparing two
 numbers is not). Trained on the short ``POINTWISE_TEMPLATE`` and ``GROUP_TEMPLATE`` below (groups of 2-4
 responses asking about one of them) through the shared ChatML template, with cross-entropy on the verdict
-token only, so a test can check that a judge discriminates: p(Yes) is high for boxed answers and low for
-the others (pointwise; the group question is seen in training but not learnt that fast). The tokenizer is
-the shared one plus the whole words ``Yes`` and ``No`` appended (every shared id keeps its meaning).
-Seeded, on one thread: the same weights every run.
+token only. The tokenizer is the shared one plus the whole words ``Yes`` and ``No`` appended (every shared
+id keeps its meaning).
+
+Float results depend on the CPU's kernels (AVX2, AVX-512, ...), so a fixed number of steps gives a
+different judge on each machine. Training therefore runs to a criterion, checked on every pointwise
+question of the task (a, b in 0..10, each phrasing, every stated value in 0..20, boxed or not):
+
+    margin = logit(expected verdict) - max(logit of every other token) >= log(9)
+
+which makes the expected verdict the greedy first token and gives ``p(Yes) / (p(Yes) + p(No))`` of at
+least ``VERDICT_PROBABILITY`` = 0.9 for a boxed answer and at most 0.1 for a plain one. A judge that has
+not met it after ``max_steps`` is an error naming the figure, never a saved model. Tests rely on exactly
+this guarantee; group questions are seen in training but not guaranteed.
 """
 
 from __future__ import annotations
 
+import math
 import random
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
@@ -23,7 +34,11 @@ from reward_service.judges.template import judge_templates, numbered, prompt_tex
 from tiny_models.tokenizer import build_tokenizer
 
 VERDICTS = ("Yes", "No")
-LEARNING_RATE = 1e-2
+VERDICT_PROBABILITY = 0.9
+MIN_MARGIN = math.log(VERDICT_PROBABILITY / (1 - VERDICT_PROBABILITY))
+LEARNING_RATE = 2e-3
+OPERANDS = range(11)
+STATED_VALUES = range(21)
 RESPONSES = (
     "The answer is {final}.",
     "{a} + {b} = {final}",
@@ -33,6 +48,21 @@ RESPONSES = (
 POINTWISE_TEMPLATE = "Answer: {answer}\nResponse: {completion}\nCorrect?"
 GROUP_TEMPLATE = "Answer: {answer}\n{completions}\nIs [{index}] correct?"
 
+Example = tuple[list[int], int]  # (input ids of the chat-templated question, expected verdict id)
+
+
+class CriterionNotMet(RuntimeError):
+    """The judge did not reach its criterion within its step budget."""
+
+
+@dataclass(frozen=True)
+class JudgeReport:
+    """How training ended: ``min_margin`` in logits over ``questions`` pointwise questions."""
+
+    steps: int
+    min_margin: float
+    questions: int
+
 
 def judge_tokenizer() -> PreTrainedTokenizerFast:
     tokenizer = build_tokenizer()
@@ -40,14 +70,18 @@ def judge_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
+def _final(value: int, boxed: bool) -> str:
+    return f"\\boxed{{{value}}}" if boxed else str(value)
+
+
 def _problem(rng: random.Random) -> tuple[Sample, list[str], list[bool]]:
     """A question with its answer and 1-4 responses, each boxing its final answer or not (about half each)."""
-    a, b = rng.randint(0, 10), rng.randint(0, 10)
+    a, b = rng.choice(OPERANDS), rng.choice(OPERANDS)
     responses, boxed = [], []
     for _ in range(rng.randint(1, 4)):
-        value = rng.choice([a + b, rng.randint(0, 20)])
-        final = f"\\boxed{{{value}}}" if (box := rng.random() < 0.5) else str(value)
-        responses.append(rng.choice(RESPONSES).format(a=a, b=b, final=final))
+        value = rng.choice([a + b, rng.choice(STATED_VALUES)])
+        box = rng.random() < 0.5
+        responses.append(rng.choice(RESPONSES).format(a=a, b=b, final=_final(value, box)))
         boxed.append(box)
     sample = Sample(
         id="",
@@ -58,37 +92,57 @@ def _problem(rng: random.Random) -> tuple[Sample, list[str], list[bool]]:
     return sample, responses, boxed
 
 
-def examples(tokenizer: PreTrainedTokenizerFast, count: int, seed: int) -> list[tuple[list[int], int]]:
-    """(input ids, verdict id) pairs: ids of the chat-templated judge question, then the verdict expected."""
+def _encode(tokenizer: PreTrainedTokenizerFast, questions: list[str]) -> list[list[int]]:
+    chats = tokenizer.apply_chat_template(
+        [[{"role": "user", "content": q}] for q in questions], tokenize=False, add_generation_prompt=True
+    )
+    return tokenizer(chats, add_special_tokens=False)["input_ids"]
+
+
+def _verdict_ids(tokenizer: PreTrainedTokenizerFast) -> list[int]:
+    return [tokenizer.convert_tokens_to_ids(v) for v in VERDICTS]
+
+
+def examples(tokenizer: PreTrainedTokenizerFast, count: int, seed: int) -> list[Example]:
+    """``count`` random training questions, pointwise (one response) or group (2-4 responses)."""
     pointwise, group = judge_templates(POINTWISE_TEMPLATE, GROUP_TEMPLATE)
-    verdict_ids = [tokenizer.convert_tokens_to_ids(v) for v in VERDICTS]
     rng = random.Random(seed)
-    out = []
+    questions, verdicts = [], []
     for _ in range(count):
         sample, responses, boxed = _problem(rng)
         values = {"prompt": prompt_text(sample), "answer": sample.metadata["answer"]}
         k = rng.randrange(len(responses))
         if len(responses) == 1:
-            text = pointwise.fill({**values, "completion": responses[0]})
+            questions.append(pointwise.fill({**values, "completion": responses[0]}))
         else:
-            text = group.fill(
-                {
-                    **values,
-                    "completions": numbered(responses),
-                    "index": str(k + 1),
-                }
-            )
-        chat = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
-        ids = tokenizer(chat, add_special_tokens=False)["input_ids"]
-        out.append((ids, verdict_ids[0 if boxed[k] else 1]))
-    return out
+            questions.append(group.fill({**values, "completions": numbered(responses), "index": str(k + 1)}))
+        verdicts.append(boxed[k])
+    yes, no = _verdict_ids(tokenizer)
+    return [
+        (ids, yes if box else no) for ids, box in zip(_encode(tokenizer, questions), verdicts, strict=True)
+    ]
+
+
+def pointwise_questions(tokenizer: PreTrainedTokenizerFast) -> list[Example]:
+    """Every distinct pointwise question of the task, the set the criterion is checked on."""
+    pointwise, _ = judge_templates(POINTWISE_TEMPLATE, GROUP_TEMPLATE)
+    questions: dict[str, bool] = {}
+    for a in OPERANDS:
+        for b in OPERANDS:
+            for response in RESPONSES:
+                for value in STATED_VALUES:
+                    for box in (True, False):
+                        completion = response.format(a=a, b=b, final=_final(value, box))
+                        questions[pointwise.fill({"answer": str(a + b), "completion": completion})] = box
+    yes, no = _verdict_ids(tokenizer)
+    ids = _encode(tokenizer, list(questions))
+    return [(row, yes if box else no) for row, box in zip(ids, questions.values(), strict=True)]
 
 
 def _batch(
-    items: list[tuple[list[int], int]], pad_id: int
+    items: list[Example], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids and mask (B, T), each row's last position (B,) and its verdict id (B,)."""
     width = max(len(ids) for ids, _ in items)
     input_ids = torch.full((len(items), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(items), width), dtype=torch.long)
@@ -100,40 +154,77 @@ def _batch(
     return input_ids, mask, last, targets
 
 
-def verdict_accuracy(model: Qwen2ForCausalLM, items: list[tuple[list[int], int]], pad_id: int) -> float:
-    """Share of ``items`` whose verdict token is the likelier of the two verdicts."""
+def _verdict_logits(
+    model: Qwen2ForCausalLM, items: list[Example], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token logits at each question's end (B, V) and the expected verdict ids (B,)."""
     input_ids, mask, last, targets = _batch(items, pad_id)
+    logits = model(input_ids=input_ids, attention_mask=mask).logits
+    return logits[torch.arange(len(items)), last], targets
+
+
+def verdict_margins(
+    model: Qwen2ForCausalLM, items: list[Example], pad_id: int, batch: int = 1024
+) -> torch.Tensor:
+    """Per question: logit of the expected verdict minus the largest logit of any other token (B,)."""
+    margins = []
     with torch.inference_mode():
-        logits = model(input_ids=input_ids, attention_mask=mask).logits[torch.arange(len(items)), last]
-    pair = sorted(set(targets.tolist()))
-    chosen = torch.tensor(pair)[logits[:, pair].argmax(-1)]
-    return float((chosen == targets).float().mean())
+        for start in range(0, len(items), batch):
+            logits, targets = _verdict_logits(model, items[start : start + batch], pad_id)
+            expected = logits.gather(1, targets[:, None])[:, 0]
+            others = logits.scatter(1, targets[:, None], float("-inf")).amax(-1)
+            margins.append(expected - others)
+    return torch.cat(margins)
+
+
+def _train_step(
+    model: Qwen2ForCausalLM, optimizer: torch.optim.Optimizer, chunk: list[Example], pad_id: int
+) -> None:
+    """One step of cross-entropy on the verdict token of each question in ``chunk``."""
+    model.train()
+    logits, targets = _verdict_logits(model, chunk, pad_id)
+    loss = torch.nn.functional.cross_entropy(logits, targets)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
 
 
 def train_judge(
     model: Qwen2ForCausalLM,
     tokenizer: PreTrainedTokenizerFast,
     seed: int = 0,
-    steps: int = 150,
+    max_steps: int = 1500,
     batch_size: int = 32,
-) -> Qwen2ForCausalLM:
-    """Train the fresh ``model`` as the tiny judge (see the module docstring); in eval
-    mode when done."""
+    check_every: int = 25,
+) -> tuple[Qwen2ForCausalLM, JudgeReport]:
+    """Train the fresh ``model`` as the tiny judge until every pointwise question clears ``MIN_MARGIN``
+    (module docstring); in eval mode when done. Every ``check_every`` steps a fixed sample of 256
+    questions is checked, and once it clears the bound with a logit to spare, all of them are.
+    Raises ``CriterionNotMet`` naming the figure when ``max_steps`` pass first."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread: the same float sums, so the same weights, every run
+    torch.set_num_threads(1)  # one thread: on one machine, the same float sums and so the same weights
     try:
         torch.manual_seed(seed)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
-        data = examples(tokenizer, steps * batch_size, seed)
-        model.train()
-        for step in range(steps):
-            chunk = data[step * batch_size : (step + 1) * batch_size]
-            input_ids, mask, last, targets = _batch(chunk, tokenizer.pad_token_id)
-            logits = model(input_ids=input_ids, attention_mask=mask).logits[torch.arange(len(targets)), last]
-            loss = torch.nn.functional.cross_entropy(logits, targets)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        return model.eval()
+        data = examples(tokenizer, max_steps * batch_size, seed)
+        questions = pointwise_questions(tokenizer)
+        sample = random.Random(seed + 1).sample(questions, 256)
+        worst = float("-inf")
+        for step in range(1, max_steps + 1):
+            _train_step(
+                model, optimizer, data[(step - 1) * batch_size : step * batch_size], tokenizer.pad_token_id
+            )
+            if step % check_every:
+                continue
+            if verdict_margins(model.eval(), sample, tokenizer.pad_token_id).min() < MIN_MARGIN + 1:
+                continue
+            worst = float(verdict_margins(model, questions, tokenizer.pad_token_id).min())
+            if worst >= MIN_MARGIN:
+                return model.eval(), JudgeReport(step, worst, len(questions))
+        worst = float(verdict_margins(model.eval(), questions, tokenizer.pad_token_id).min())
+        raise CriterionNotMet(
+            f"tiny model 'judge': min verdict margin {worst:.3f} < {MIN_MARGIN:.3f} "
+            f"(p {VERDICT_PROBABILITY}) on {len(questions)} pointwise questions after {max_steps} steps"
+        )
     finally:
         torch.set_num_threads(threads)

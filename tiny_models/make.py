@@ -9,19 +9,26 @@
 - ``prm-token``: ``Qwen2ForTokenClassification`` with 2 labels (Qwen2.5-Math-PRM format);
 - ``prm-steptag``: ``Qwen2ForCausalLM`` read at the ``ки`` step tag (Math-Shepherd format);
 - ``orm``: ``Qwen2ForSequenceClassification`` with 1 label (TRL's reward-model format);
-- ``judge``: ``Qwen2ForCausalLM`` trained for a few seconds to answer a judge's yes/no question
+- ``judge``: ``Qwen2ForCausalLM`` trained to a checked criterion to answer a judge's yes/no question
   (``tiny_models/judge.py``), with the shared tokenizer plus the words ``Yes`` and ``No``.
 
-Weights are seeded (the judge trains on one thread), so two runs write identical models.
+Weights are seeded, so two runs on one machine write identical models; a trained model's weights differ
+between CPUs, but each meets its criterion or the build fails. Each model directory holds
+``tiny_model.json``: its kind, a digest of this package's sources (a model built by other sources is
+built again) and, for a trained model, the figures of its criterion.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
+import json
 from pathlib import Path
 
 import torch
 from transformers import (
+    AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerFast,
     Qwen2Config,
@@ -32,6 +39,9 @@ from transformers import (
 
 from tiny_models.judge import judge_tokenizer, train_judge
 from tiny_models.tokenizer import build_tokenizer
+
+STAMP = "tiny_model.json"
+SOURCES = Path(__file__).parent
 
 SHAPES = {
     "small": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2},
@@ -73,9 +83,32 @@ def _save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, out: Path)
     return out
 
 
+def served_tokenizer(
+    tokenizer: PreTrainedTokenizerFast, config: Qwen2Config, out: Path
+) -> PreTrainedTokenizerFast:
+    """``tokenizer`` as every consumer (TRL, vLLM, the services) loads it from the model directory ``out``,
+    where it is saved beside ``config``: next to a Qwen2 config.json, AutoTokenizer resolves it to
+    Qwen2Tokenizer, whose pre-tokenizer splits every digit on its own, unlike the in-memory tokenizer.
+    A model trained here must be trained on these ids."""
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(out)
+    config.save_pretrained(out)
+    return AutoTokenizer.from_pretrained(out)
+
+
+def sources_digest() -> str:
+    """sha256 of this package's Python sources: the builder that made a model."""
+    digest = hashlib.sha256()
+    for path in sorted(SOURCES.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def make_model(kind: str, out: Path, seed: int = 0) -> Path:
-    """Create one tiny model (``kind`` as in the module docstring) in ``out``."""
+    """Create one tiny model (``kind`` as in the module docstring) in ``out``; raises when a trained
+    model misses its criterion (nothing is written then)."""
     tokenizer = build_tokenizer()
+    figures: dict = {}
     torch.manual_seed(seed)
     if kind == "policy":
         model = Qwen2ForCausalLM(qwen2_config(tokenizer))
@@ -89,21 +122,37 @@ def make_model(kind: str, out: Path, seed: int = 0) -> Path:
         model = Qwen2ForSequenceClassification(qwen2_config(tokenizer, num_labels=1))
     elif kind == "judge":
         tokenizer = judge_tokenizer()
-        model = train_judge(Qwen2ForCausalLM(qwen2_config(tokenizer)), tokenizer, seed)
+        config = qwen2_config(tokenizer)
+        model, report = train_judge(Qwen2ForCausalLM(config), served_tokenizer(tokenizer, config, out), seed)
+        figures = dataclasses.asdict(report)
     else:
         raise ValueError(f"unknown tiny model kind {kind!r}")
-    return _save(model.eval(), tokenizer, out)
+    _save(model.eval(), tokenizer, out)
+    stamp = {"kind": kind, "sources": sources_digest(), "criterion": figures}
+    (out / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
+    (out / STAMP).chmod(0o644)
+    return out
+
+
+def is_current(path: Path, kind: str) -> bool:
+    """Whether ``path`` holds a ``kind`` model built by these sources."""
+    try:
+        stamp = json.loads((path / STAMP).read_text())
+    except (OSError, ValueError):
+        return False
+    return stamp.get("kind") == kind and stamp.get("sources") == sources_digest()
 
 
 KINDS = ("policy", "policy-large", "prm-token", "prm-steptag", "orm", "judge")
 
 
 def make_all(root: Path, kinds: tuple[str, ...] = KINDS) -> dict[str, Path]:
-    """Create every model that is missing under ``root``; returns kind → directory."""
+    """Create every model under ``root`` that is missing or built by other sources; returns kind →
+    directory."""
     paths = {}
     for kind in kinds:
         path = root / kind
-        if not (path / "config.json").exists():
+        if not is_current(path, kind):
             make_model(kind, path)
         paths[kind] = path
     return paths

@@ -30,12 +30,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, Qwen2ForCausalLM
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, Qwen2ForCausalLM
 
 from grpo_runtime.env_types import ToolDefinition, ToolResult
 from rollout_service.core.tool_calls import ToolSuffixer, parse_tool_calls
 from tiny_models.demo import _collate, write_jsonl
-from tiny_models.make import _save, qwen2_config
+from tiny_models.make import _save, qwen2_config, served_tokenizer
 from tiny_models.tokenizer import build_tokenizer
 
 # The calculator call's fixed JSON around the expression is one token each side, so a call is the question's
@@ -213,9 +213,7 @@ def build_tools_demo(
     config.num_attention_heads = config.num_key_value_heads = 4
     config.head_dim = config.hidden_size // 4
     config.rope_theta = 100.0
-    shared.save_pretrained(out)
-    config.save_pretrained(out)
-    tokenizer = AutoTokenizer.from_pretrained(out)  # as every consumer loads it (digits split one by one)
+    tokenizer = served_tokenizer(shared, config, out)
     model = Qwen2ForCausalLM(config)
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)

@@ -16,9 +16,13 @@ from reward_service.judges.template import JudgeTemplate, numbered
 from reward_service.models.registry import ModelRegistry
 from reward_service.models.settings import ModelSettings
 from reward_service.models.spec import ModelKind, ModelSpec
-from tiny_models.judge import GROUP_TEMPLATE, POINTWISE_TEMPLATE
+from tiny_models.judge import GROUP_TEMPLATE, POINTWISE_TEMPLATE, VERDICT_PROBABILITY
 
 PROMPT = (Message("system", "Be brief."), Message("user", "What is 3 + 4?"))
+# What tiny_models/judge.py guarantees on every pointwise question of its task, less the float noise
+# between the builder's batching and the registry's.
+BOXED_AT_LEAST = VERDICT_PROBABILITY - 1e-4
+PLAIN_AT_MOST = 1 - VERDICT_PROBABILITY + 1e-4
 COMPLETIONS = [
     "The answer is \\boxed{7}.",
     "The answer is 7.",
@@ -75,7 +79,7 @@ async def test_pointwise_is_the_verdict_probability_and_discriminates(registry, 
     # The tiny judge was trained to say Yes to a boxed final answer.
     boxed = [r.value for r, c in zip(results, COMPLETIONS, strict=True) if "boxed" in c]
     plain = [r.value for r, c in zip(results, COMPLETIONS, strict=True) if "boxed" not in c]
-    assert min(boxed) > 0.7 > 0.3 > max(plain)
+    assert min(boxed) >= BOXED_AT_LEAST and max(plain) <= PLAIN_AT_MOST
 
 
 async def test_concurrent_requests_batch_and_share_the_prompt(registry):
@@ -213,7 +217,7 @@ async def test_preloaded_judge_and_its_errors(tiny_models):
     try:
         await registry.start()
         (result,) = await registry.score("judge:pre", _samples()[:1], {})
-        assert result.value > 0.7
+        assert result.value >= BOXED_AT_LEAST
     finally:
         await registry.close()
     bad = ModelRegistry(ModelSettings.model_validate({"preload": [{**entry, "judge_template": "{answer}"}]}))
