@@ -136,7 +136,6 @@ def grpc_health(channel: grpc.Channel) -> Callable[[], None]:
 # --- Score, ScoreStream, StressReward ---------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_score_at_the_limits_is_served_while_health_answers(server, channel):
     request = score_request(MAX_SAMPLES, nulls(METADATA_CHARS))
     stub = reward_pb2_grpc.RewardServiceStub(channel)
@@ -209,7 +208,6 @@ def env_stub(channel) -> env_pb2_grpc.EnvironmentServiceStub:
     return env_pb2_grpc.EnvironmentServiceStub(channel)
 
 
-@pytest.mark.slow
 def test_open_episode_with_metadata_at_the_limit_is_served_while_health_answers(server, channel, env_stub):
     request = env_pb2.OpenEpisodeRequest(environment="calculator", metadata=nulls(EPISODE_METADATA_CHARS))
     future, answered = served_meanwhile(
@@ -287,7 +285,6 @@ def post(url: str, body: Any, params: dict[str, str] | None = None) -> requests.
     return requests.post(f"{url}/get_reward", json=body, params=params, timeout=120)
 
 
-@pytest.mark.slow
 def test_get_reward_at_the_limits_is_served_while_health_answers(server, url, channel):
     """max_samples queries, each ending in 500k characters of end-of-sequence tokens (one at a time, the
     strip copied the text per token: minutes) and labelled with metadata at max_metadata_chars."""
