@@ -94,10 +94,17 @@ def test_reward_rises_only_when_weights_reach_the_rollout_service(demo_services,
         f"with sync {synced_first:.3f} -> {synced_last:.3f} ({synced_gain:+.3f})"
     )
     # A fifth is 12 steps x 128 samples: its mean has a standard error of about 0.013 at reward ~0.4.
-    # Measured (60 steps, seeded): without sync 0.372 -> 0.390 (+0.018), with sync 0.387 -> 0.527 (+0.139);
-    # unseeded sampling: +0.003 and +0.077.
+    # Measured (60 steps, seeded): without sync 0.372 -> 0.390 (+0.018), with sync 0.387 -> 0.527 (+0.139),
+    # the same to three decimals in a run under ATEN_CPU_CAPABILITY=avx2 (MKL and oneDNN at AVX2 too);
+    # unseeded sampling: +0.003 and +0.077 (docs/testing.md).
+    # Step 1 of both runs samples the base weights (the synced run's first push is the untrained adapter,
+    # B = 0) with the same seeds: the same prompts and completions, so the runs compare step by step.
+    assert synced_records[0]["reward"] == frozen_records[0]["reward"]
+    # The frozen run samples the committed weights with noise from seeded generators, which no float kernel
+    # computes: its gain is the same on every CPU (a kernel's rounding could flip a draw only at a near-tie).
     assert abs(frozen_gain) < 0.05, frozen_gain
-    assert synced_gain >= 0.04, synced_gain
-    assert synced_gain - frozen_gain >= 0.04
-    # Both runs drew the same prompts; by the end the synced policy is clearly ahead of the frozen one.
+    # The synced run depends on the CPU's float kernels through its training, so its rise is measured against
+    # the frozen run of this test: at least 0.04 above the frozen run's change, and above no change at all.
+    assert synced_gain >= max(frozen_gain, 0.0) + 0.04, (synced_gain, frozen_gain)
+    # By the end the synced policy is clearly ahead of the frozen one on the same prompts.
     assert synced_last - frozen_last >= 0.06
