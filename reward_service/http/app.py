@@ -104,7 +104,8 @@ class RewardHttpApi:
             rewards = openrlhf.rewards_of(request.query, self._settings)
             body = await self._read(request)
             samples = await asyncio.to_thread(self._samples, body, len(rewards))
-            results = await self._scorer.score(samples, rewards)
+            # No samples (OpenRLHF's share for a second URL when the batch is smaller): nothing to score.
+            results = await self._scorer.score(samples, rewards) if samples else []
         except web.HTTPRequestEntityTooLarge:
             return _error(
                 413,
@@ -136,8 +137,11 @@ class RewardHttpApi:
             raise _SlowBody() from None
 
     def _samples(self, body: bytes, rewards: int) -> list[Sample]:
-        """The body's samples, the counts checked before any item is read (on a worker thread)."""
+        """The body's samples, the counts checked before any item is read (on a worker thread); none for an
+        empty ``query`` list."""
         columns = openrlhf.columns_of(openrlhf.parse_body(body))
+        if not columns.queries:
+            return []
         self._scorer.check_counts(len(columns.queries), rewards)
         return openrlhf.samples_of(columns, self._settings, self._scorer.limits)
 

@@ -4,12 +4,23 @@ Request (``POST /get_reward``, what OpenRLHF's ``remote_rm_fn`` sends)::
 
     {"query": ["<prompt><completion>", ...], "prompts": ["<prompt>", ...], "labels": ["<gold>", ...]}
 
-``query[i]`` is the decoded prompt + completion and ``prompts[i]`` its prompt, so the completion is
-``query[i]`` minus the prefix ``prompts[i]`` (an error naming ``query[i]`` when it does not start with it;
-without ``prompts`` the whole query is the completion), minus the end-of-sequence suffixes of
-``strip_suffixes``. The prompt reaches the rewards as one user message. ``labels[i]`` (optional) is the
+``query[i]`` is the decoded prompt + completion and ``prompts[i]`` its prompt text. The completion is what
+follows the prompt in ``query[i]``, minus the end-of-sequence suffixes of ``strip_suffixes``; where the
+prompt ends:
+
+- after ``prompts[i]`` when ``query[i]`` starts with it (without ``prompts``, the whole query is the
+  completion);
+- else after the longest suffix of ``prompts[i]`` that ``query[i]`` starts with, leading U+FFFD characters
+  counted as prompt: OpenRLHF 0.11 keeps only the last tokens of a prompt too long for ``max_len`` but still
+  sends the whole prompt text, and a cut inside a multi-byte character decodes as U+FFFD. A query that
+  starts with no (non-empty) suffix of its prompt is an error naming ``query[i]``. The match is
+  Knuth-Morris-Pratt (:func:`prompt_overlap`), linear in the shorter of the two texts.
+
+The prompt reaches the rewards, as sent, as one user message. ``labels[i]`` (optional) is the
 sample's metadata: a text or number label under ``label_key`` (``answer``, what ``accuracy`` reads), an
-object as the metadata itself (several columns), null as none.
+object as the metadata itself (several columns), null as none. An empty ``query`` list (what OpenRLHF sends
+to its second and later ``--remote_rm_url`` when a batch has fewer samples than URLs) is answered with empty
+lists under the same keys, without scoring.
 
 Response::
 
@@ -28,9 +39,11 @@ the config. A named reward takes params (and its weight, when ``weights`` is abs
 
 Cost: :func:`columns_of` looks only at the body's top level, so the caller checks the counts (``max_samples``)
 before :func:`samples_of` reads any item; each item is refused as soon as it is past its limit (a completion
-over ``max_completion_chars`` as sent, a label past ``max_metadata_chars`` or the nesting limit), and every
-step is linear in what it reads. Parsing and building samples take seconds of Python near ``max_body_bytes``:
-the endpoint runs them off the event loop.
+over ``max_completion_chars`` as sent, a prompt over ``max_prompt_chars``, a label past
+``max_metadata_chars`` or the nesting limit), and every step is linear in what it reads. The one step in
+Python per character is the prompt match, taken only for a query that does not start with its whole prompt:
+about a second per million characters. Parsing and building samples take seconds of Python near
+``max_body_bytes``: the endpoint runs them off the event loop.
 """
 
 from __future__ import annotations
@@ -48,6 +61,8 @@ from reward_service.api.convert import MAX_STRUCT_DEPTH
 from reward_service.core.scorer import ScoreLimits
 from reward_service.core.types import Message, RewardRequest, Sample, SampleResult
 from reward_service.http.settings import HttpSettings
+
+_REPLACEMENT = "\ufffd"  # what a tokenizer decodes a partial UTF-8 sequence as
 
 
 def _reject_constant(name: str) -> Any:
@@ -157,6 +172,67 @@ def _strip(completion: str, suffixes: Sequence[str]) -> str:
     return completion[: len(completion) - removed]
 
 
+def prompt_overlap(prompt: str, query: str) -> int:
+    """Length (characters) of the longest suffix of ``prompt`` that is a prefix of ``query``.
+
+    Knuth-Morris-Pratt with ``query[:n]`` as the pattern and ``prompt[-n:]`` as the text, ``n`` the shorter
+    length (no longer overlap exists): the state after the last character of the text is the longest
+    prefix of the pattern ending there. O(n) steps whatever the text; trying each suffix with startswith
+    would be O(n²) on text like ``"aaa…"``."""
+    n = min(len(prompt), len(query))
+    if n == 0:
+        return 0
+    pattern, text = query[:n], prompt[len(prompt) - n :]
+    failure = [0] * n  # failure[j]: the longest proper border of pattern[: j + 1]
+    k = 0
+    for j in range(1, n):
+        char = pattern[j]
+        while k and pattern[k] != char:
+            k = failure[k - 1]
+        if pattern[k] == char:
+            k += 1
+        failure[j] = k
+    k = 0
+    for char in text:
+        while k and (k == n or pattern[k] != char):
+            k = failure[k - 1]
+        if pattern[k] == char:
+            k += 1
+    return k
+
+
+def _prompt_end(query: str, prompt: str, index: int, limits: ScoreLimits) -> int:
+    """Where ``query[index]``'s completion starts (module docstring): after ``prompt`` when the query starts
+    with it, else after the longest suffix of ``prompt`` it starts with (a left-truncated prompt), U+FFFD
+    characters first skipped. The sizes are checked before the match, whose cost is linear in them."""
+    field = f"query[{index}]"
+    if len(prompt) > limits.max_prompt_chars:
+        raise InvalidArgument(
+            f"{len(prompt)} characters, at most max_prompt_chars={limits.max_prompt_chars}",
+            field=f"prompts[{index}]",
+        )
+    if len(query) - len(prompt) > limits.max_completion_chars:  # the completion is at least this long
+        raise InvalidArgument(
+            f"{len(query) - len(prompt)} characters after its prompt, at most "
+            f"max_completion_chars={limits.max_completion_chars}",
+            field=field,
+        )
+    if query.startswith(prompt):
+        return len(prompt)
+    # A cut inside a multi-byte character decodes as U+FFFD: those characters belong to the prompt.
+    skipped = len(query) - len(query.lstrip(_REPLACEMENT))
+    cut = skipped + prompt_overlap(prompt, query[skipped:])
+    if cut == 0:
+        raise InvalidArgument(f"starts with no suffix of prompts[{index}]", field=field)
+    if len(query) - cut > limits.max_completion_chars:
+        raise InvalidArgument(
+            f"{len(query) - cut} characters after the end of its prompt, at most "
+            f"max_completion_chars={limits.max_completion_chars}",
+            field=field,
+        )
+    return cut
+
+
 def samples_of(columns: Columns, settings: HttpSettings, limits: ScoreLimits) -> list[Sample]:
     """The request's samples, ids ``"0"``, ``"1"``, ... in order; InvalidArgument names the item. Call it
     once the counts are known to be within the limits."""
@@ -164,19 +240,12 @@ def samples_of(columns: Columns, settings: HttpSettings, limits: ScoreLimits) ->
     for i, item in enumerate(columns.queries):
         query = _text(item, f"query[{i}]")
         prompt = _text(columns.prompts[i], f"prompts[{i}]") if columns.prompts is not None else ""
-        if not query.startswith(prompt):
-            raise InvalidArgument(f"does not start with prompts[{i}]", field=f"query[{i}]")
-        if len(query) - len(prompt) > limits.max_completion_chars:  # bounds what _strip reads
-            raise InvalidArgument(
-                f"{len(query) - len(prompt)} characters after its prompt, at most "
-                f"max_completion_chars={limits.max_completion_chars}",
-                field=f"query[{i}]",
-            )
+        cut = _prompt_end(query, prompt, i, limits)
         label = columns.labels[i] if columns.labels is not None else None
         samples.append(
             Sample(
                 id=str(i),
-                completion=_strip(query[len(prompt) :], settings.strip_suffixes),
+                completion=_strip(query[cut:], settings.strip_suffixes),
                 prompt=(Message(role="user", content=prompt),) if prompt else (),
                 metadata=_metadata(label, i, settings.label_key, limits.max_metadata_chars),
             )

@@ -3,6 +3,7 @@ called as OpenRLHF's remote_rm_fn calls it (requests.post with a JSON body)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -10,6 +11,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import aiohttp
 import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
@@ -112,6 +114,106 @@ def test_object_labels_are_metadata_and_unscored_samples_get_missing_reward(url)
     # No prompts: the whole query is the completion. The second sample has no gold: no value, missing_reward.
     assert body["rewards"] == [1.0, 0.0]
     assert body["extra_logs"]["reward_missing"] == [0.0, 1.0]
+
+
+# OpenRLHF's clients, as its releases write them: the body, the sharding across --remote_rm_url and what is
+# read back. 0.9: RemoteRewardModel.get_rewards (openrlhf/utils/remote_rm_utils.py) posts each URL a
+# ceil(n / URLs) slice with requests, and update_samples_with_rewards (experience_maker.py) concatenates the
+# answers under the FIRST answer's keys. 0.11: SingleTurnAgentExecutor (openrlhf/utils/agent.py) scores one
+# sample at a time, so every URL after the first gets empty lists; it posts with aiohttp and reads the first
+# answer. Each raises (and OpenRLHF has no reward for the samples) when any URL answers with an error.
+
+
+def openrlhf_09_rewards(urls: list[str], queries: list, prompts: list, labels: list) -> dict:
+    batch = (len(queries) + len(urls) - 1) // len(urls)
+    infos = []
+    for i, rm in enumerate(urls):
+        data = {
+            k: v[i * batch : (i + 1) * batch]
+            for k, v in (("query", queries), ("prompts", prompts), ("labels", labels))
+        }
+        response = requests.post(url=rm, json=data, headers={"Content-Type": "application/json"}, timeout=180)
+        response.raise_for_status()
+        infos.append(response.json())
+    merged = {"rewards": [r for info in infos for r in info["rewards"]]}
+    if "scores" in infos[0]:
+        merged["scores"] = [s for info in infos for s in info["scores"]]
+    if "extra_logs" in infos[0]:
+        merged["extra_logs"] = {
+            k: [v for info in infos for v in info["extra_logs"][k]] for k in infos[0]["extra_logs"]
+        }
+    return merged
+
+
+async def openrlhf_011_rewards(urls: list[str], query: str, prompt: str, label: str) -> dict:
+    batch = (1 + len(urls) - 1) // len(urls)
+    timeout = aiohttp.ClientTimeout(total=180)
+
+    async def post_one(rm: str, data: dict) -> dict:
+        async with aiohttp.ClientSession(timeout=timeout) as session, session.post(rm, json=data) as response:
+            response.raise_for_status()
+            return await response.json()
+
+    payloads = [
+        {
+            "query": [query][i * batch : (i + 1) * batch],
+            "prompts": [prompt][i * batch : (i + 1) * batch],
+            "labels": [label][i * batch : (i + 1) * batch],
+        }
+        for i in range(len(urls))
+    ]
+    assert payloads[-1] == {"query": [], "prompts": [], "labels": []}  # what a second URL is sent
+    [first, *_] = await asyncio.gather(*(post_one(rm, data) for rm, data in zip(urls, payloads, strict=True)))
+    return first
+
+
+def left_truncated(prompt: str, kept_bytes: int) -> str:
+    """The decoded tail OpenRLHF 0.11 generates from when a prompt is past max_len: its last tokens, here one
+    per UTF-8 byte (a byte-level BPE at its finest), so a cut inside a character decodes as U+FFFD."""
+    return prompt.encode()[-kept_bytes:].decode(errors="replace")
+
+
+@pytest.mark.parametrize("urls", [1, 2, 3])
+def test_openrlhf_09_batches_over_several_urls(url, urls):
+    endpoints = [f"{url}/get_reward"] * urls
+    answer = openrlhf_09_rewards(
+        endpoints, [QUERIES[0], QUERIES[1], QUERIES[0]], PROMPTS + PROMPTS[:1], LABELS + LABELS[:1]
+    )
+    assert answer == {
+        "rewards": [1.5, 0.0, 1.5],
+        "scores": [1.0, 0.0, 1.0],
+        "extra_logs": {
+            "accuracy": [1.0, 0.0, 1.0],
+            "format": [1.0, 0.0, 1.0],
+            "reward_missing": [0.0, 0.0, 0.0],
+        },
+    }
+    # One sample over two URLs: the second is sent empty lists and answers them under the same keys.
+    assert openrlhf_09_rewards(endpoints[:1] * 2, QUERIES[:1], PROMPTS[:1], LABELS[:1])["rewards"] == [1.5]
+
+
+# A Chinese question, kept from 等 (60 bytes), from inside it (59, 58: U+FFFD), from inside the English.
+TRUNCATED_PROMPT = chat_prompt("一加一等于几？ What is 1/2 + 1/2?")
+
+
+@pytest.mark.parametrize("kept_bytes", [None, 60, 59, 58, 40])
+async def test_openrlhf_011_left_truncated_prompt_over_two_urls(url, kept_bytes):
+    kept = TRUNCATED_PROMPT if kept_bytes is None else left_truncated(TRUNCATED_PROMPT, kept_bytes)
+    assert kept_bytes is None or not TRUNCATED_PROMPT.startswith(kept)
+    answer = await openrlhf_011_rewards(
+        [f"{url}/get_reward"] * 2, kept + GOOD + "<|im_end|>", TRUNCATED_PROMPT, "1"
+    )
+    assert answer["rewards"] == [1.5] and answer["scores"] == [1.0]
+
+
+def test_an_empty_request_answers_empty_lists_under_the_rewards_keys(url):
+    reply = post(url, {"query": [], "prompts": [], "labels": []}, {"rewards": "format,accuracy"})
+    assert reply.status_code == 200, reply.text
+    assert reply.json() == {
+        "rewards": [],
+        "scores": [],
+        "extra_logs": {"format": [], "accuracy": [], "reward_missing": []},
+    }
 
 
 def test_requests_are_counted_on_the_servers_metrics_registry(server, url):

@@ -81,3 +81,73 @@ def test_items_at_their_limits_are_samples():
     body["query"] = ["p" + "x" * 1000]
     [sample] = openrlhf.samples_of(columns(body), HttpSettings(), LIMITS)
     assert sample.completion == "x" * 1000 and sample.metadata == label
+
+
+def overlap_by_every_suffix(prompt: str, query: str) -> int:
+    """The rule as written (quadratic): the longest suffix of ``prompt`` that ``query`` starts with."""
+    return next(len(prompt) - j for j in range(len(prompt) + 1) if query.startswith(prompt[j:]))
+
+
+@settings(max_examples=500)
+@given(
+    prompt=st.text(alphabet="ab\ufffd", max_size=16),
+    query=st.text(alphabet="ab\ufffd", max_size=16),
+)
+def test_prompt_overlap_is_the_longest_suffix_the_query_starts_with(prompt, query):
+    assert openrlhf.prompt_overlap(prompt, query) == overlap_by_every_suffix(prompt, query)
+
+
+def test_prompt_overlap_is_linear_on_periodic_text():
+    # Trying each suffix here compares about n²/2 = 5·10¹¹ characters; the KMP match reads each about twice.
+    n = 1_000_000
+    assert openrlhf.prompt_overlap("a" * n, "a" * (n - 1) + "b") == n - 1
+    assert openrlhf.prompt_overlap("ab" * (n // 2), "b" + "ab" * (n // 2 - 1) + "c") == n - 1
+
+
+def sample_of(query: str, prompt: str, limits: ScoreLimits = LIMITS):
+    [sample] = openrlhf.samples_of(columns({"query": [query], "prompts": [prompt]}), HttpSettings(), limits)
+    return sample
+
+
+def left_truncated(prompt: str, kept_bytes: int) -> str:
+    """What OpenRLHF 0.11 decodes for a prompt cut to its last tokens, with one token per UTF-8 byte (a
+    byte-level BPE at its finest): a cut inside a character decodes as U+FFFD."""
+    return prompt.encode()[-kept_bytes:].decode(errors="replace")
+
+
+PROMPT = "<|im_start|>user\n一加一等于几？ What is 1 + 1?<|im_end|>\n<|im_start|>assistant\n"
+
+
+# All of it, from 等, from inside 等 (two and one of its three bytes kept: U+FFFD), mid-ASCII, the last byte.
+@pytest.mark.parametrize("kept_bytes", [len(PROMPT.encode()), 60, 59, 58, 43, 1])
+def test_a_left_truncated_prompt_ends_where_its_kept_tokens_end(kept_bytes):
+    sample = sample_of(left_truncated(PROMPT, kept_bytes) + "\\boxed{2}<|im_end|>", PROMPT)
+    assert sample.completion == "\\boxed{2}"
+    assert sample.prompt[0].content == PROMPT  # the rewards see the prompt as sent
+
+
+def test_a_query_sharing_no_text_with_its_prompt_is_refused():
+    with pytest.raises(InvalidArgument, match="starts with no suffix of prompts") as error:
+        openrlhf.samples_of(
+            columns({"query": [PROMPT + "x", "\\boxed{2}"], "prompts": [PROMPT, PROMPT]}),
+            HttpSettings(),
+            LIMITS,
+        )
+    assert error.value.field == "query[1]"
+
+
+@pytest.mark.parametrize(
+    ("query", "prompt", "field", "message"),
+    [
+        # The prompt's size is checked before it is matched.
+        ("a", "p" * 101, "prompts[0]", "max_prompt_chars=100"),
+        # Past the limit even if the whole prompt matched: refused before matching.
+        ("x" * 1011, "p" * 10, "query[0]", "1001 characters after its prompt"),
+        # Within it only as sent; what follows the matched suffix is longer.
+        ("p" + "x" * 1005, "q" * 8 + "p", "query[0]", "1005 characters after the end of its prompt"),
+    ],
+)
+def test_truncated_prompts_are_checked_at_the_limits(query, prompt, field, message):
+    with pytest.raises(InvalidArgument, match=message) as error:
+        sample_of(query, prompt, ScoreLimits(max_completion_chars=1000, max_prompt_chars=100))
+    assert error.value.field == field
