@@ -1,14 +1,16 @@
-"""Sandbox backends: how one program is started in isolation. Each builds a command line; the runner
+"""Sandbox backends: how a program is started in isolation. Each builds a command line; the runner
 starts it, feeds stdin, reads the output and kills and reaps it.
 
 ``bwrap`` (bubblewrap): fresh user, PID, network, IPC, UTS and cgroup namespaces; a root holding only the
 interpreter's install tree (read-only), a size-limited private ``/tmp``, a read-only ``/dev`` with the basic
 devices, and (``KernelOptions``) a ``/proc`` of the program's own PID namespace and no nested user
-namespaces; no capabilities, an empty environment, its own session; ``launcher.py`` as PID 1 sets the
-rlimits and reaps. The program shares the host kernel.
+namespaces; no capabilities, an empty environment, its own session; ``launcher.py`` as PID 1 runs the
+program once per test of a ``RunBatch`` (stdin: the tests' inputs), sets the rlimits, reaps and reports
+each test on stdout (``reports_tests``). The program shares the host kernel.
 
 ``runsc`` (gVisor): the same minimal root as an OCI bundle, run by gVisor's user-space kernel (the program's
-system calls never reach the host kernel directly), without network.
+system calls never reach the host kernel directly), without network; one test per run, the program's own
+stdin and output.
 """
 
 from __future__ import annotations
@@ -35,6 +37,15 @@ PROGRAM = "main.py"
 # site-packages (-S) and writes no bytecode (-B).
 PYTHON_FLAGS = ("-I", "-S", "-B")
 LAUNCHER_SOURCE = (Path(__file__).parent / "launcher.py").read_text()
+LAUNCHER_KEYS = (
+    "cpu_time_s",
+    "cpu_grant_s",
+    "wall_timeout_s",
+    "batch_wall_s",
+    "stop_at_timeout",
+    "max_output_bytes",
+    "tail_bytes",
+)
 
 
 @dataclass(frozen=True)
@@ -66,11 +77,32 @@ class Launch:
             undo()
 
 
+@dataclass(frozen=True)
+class RunBatch:
+    """Tests one sandbox run may go through, in order (see ``launcher.py``; times in seconds).
+
+    ``inputs``: [offset, length] of each test's stdin in the run's stdin file. ``limits``: of the first
+    test (``limits.cpu_s`` its RLIMIT_CPU); a later one gets ``cpu_time_s`` and runs only while the run's
+    ``cpu_grant_s`` still covers it, the run has lasted less than ``batch_wall_s`` and (``stop_at_timeout``)
+    no test has hit the wall or CPU limit. A backend that does not report tests runs the first only."""
+
+    limits: RunLimits
+    inputs: tuple[tuple[int, int], ...]
+    cpu_time_s: float
+    cpu_grant_s: float
+    wall_timeout_s: float
+    batch_wall_s: float
+    stop_at_timeout: bool
+    max_output_bytes: int
+    tail_bytes: int
+
+
 class SandboxBackend(Protocol):
     name: str
     options: KernelOptions
+    reports_tests: bool  # True: stdout carries the launcher's reports of a RunBatch, not the program's
 
-    def prepare(self, program: bytes, limits: RunLimits) -> Launch: ...
+    def prepare(self, program: bytes, batch: RunBatch) -> Launch: ...
 
 
 def _interpreter_roots(python: str) -> list[str]:
@@ -116,6 +148,7 @@ def memfd_with(name: str, data: bytes) -> int:
 
 class BwrapBackend:
     name = "bwrap"
+    reports_tests = True
 
     def __init__(self, settings: SandboxSettings, options: KernelOptions):
         bwrap = shutil.which(settings.bwrap_path)
@@ -139,8 +172,15 @@ class BwrapBackend:
         args += ["--size", str(tmp_bytes), "--perms", "1777", "--tmpfs", WORKDIR]
         return args
 
-    def prepare(self, program: bytes, limits: RunLimits) -> Launch:
+    def prepare(self, program: bytes, batch: RunBatch) -> Launch:
         fd = memfd_with("sandbox-program", program)
+        config = {
+            "argv": [self._python, *PYTHON_FLAGS, PROGRAM],
+            "limits": batch.limits.fixed_rlimits(),
+            "first_cpu_limit_s": batch.limits.cpu_s,
+            "inputs": batch.inputs,
+            **{k: getattr(batch, k) for k in LAUNCHER_KEYS},
+        }
         argv = [
             *self._prefix,
             "--unshare-all",
@@ -174,7 +214,7 @@ class BwrapBackend:
             *PYTHON_FLAGS,
             "-c",
             LAUNCHER_SOURCE,
-            json.dumps({"limits": limits.rlimits(), "argv": [self._python, *PYTHON_FLAGS, PROGRAM]}),
+            json.dumps(config),
         ]
         return Launch(argv, pass_fds=(fd,), cleanups=[lambda: os.close(fd)])
 
@@ -184,6 +224,7 @@ class RunscBackend:
     tree, a tmpfs ``/tmp``, gVisor's own ``/proc`` and ``/dev``, and no network."""
 
     name = "runsc"
+    reports_tests = False
 
     def __init__(self, settings: SandboxSettings):
         runsc = shutil.which(settings.runsc_path)
@@ -234,7 +275,8 @@ class RunscBackend:
             },
         }
 
-    def prepare(self, program: bytes, limits: RunLimits) -> Launch:
+    def prepare(self, program: bytes, batch: RunBatch) -> Launch:
+        limits = batch.limits
         bundle = Path(tempfile.mkdtemp(prefix="grpo-runsc-"))
         state = bundle / "state"
         container = f"grpo-{uuid.uuid4().hex[:12]}"

@@ -5,7 +5,9 @@ run's tasks (processes and threads, counted in the run's own user namespace, so 
 the count) and ``RLIMIT_AS`` caps each process, so a run holds at most
 ``RLIMIT_AS × RLIMIT_NPROC = memory_mb`` of address space (threads share their process's), plus its tmpfs.
 The rlimits are set inside the sandbox, after its user namespace exists: set outside, the parent namespace's
-count of the shared host uid would make concurrent runs share one process budget.
+count of the shared host uid would make concurrent runs share one process budget. ``RLIMIT_MSGQUEUE`` 0
+refuses POSIX message queues: they would outlive a test in its sandbox's IPC namespace, where the launcher
+cannot list them (``launcher.py`` checks System V IPC, files and keyrings instead).
 """
 
 from __future__ import annotations
@@ -43,14 +45,19 @@ class RunLimits:
     def rlimits(self) -> dict[str, tuple[int, int]]:
         """RLIMIT name → (soft, hard). CPU: SIGXCPU at the soft limit (the failure names it), SIGKILL a
         second later for a program that handles SIGXCPU."""
+        return {"RLIMIT_CPU": (self.cpu_s, self.cpu_s + 1)} | self.fixed_rlimits()
+
+    def fixed_rlimits(self) -> dict[str, tuple[int, int]]:
+        """Every rlimit but RLIMIT_CPU (the same for every test of a sandbox run)."""
         fixed = {
             "RLIMIT_AS": self.address_space_bytes,
             "RLIMIT_FSIZE": self.file_bytes,
             "RLIMIT_NOFILE": self.open_files,
             "RLIMIT_NPROC": self.processes,
             "RLIMIT_CORE": 0,
+            "RLIMIT_MSGQUEUE": 0,
         }
-        return {"RLIMIT_CPU": (self.cpu_s, self.cpu_s + 1)} | {k: (v, v) for k, v in fixed.items()}
+        return {k: (v, v) for k, v in fixed.items()}
 
 
 def cgroup_v2_status() -> str:

@@ -42,7 +42,15 @@ class SandboxSettings(BaseModel):
         description="Host uid (and gid) of runs; default: 65534 (nobody) when the service runs as root "
         "(root is exempt from the process limit), else the service's own.",
     )
-    wall_timeout_s: float = Field(5.0, gt=0, description="Wall-clock limit of one run.")
+    wall_timeout_s: float = Field(5.0, gt=0, description="Wall-clock limit of one test's program.")
+    batch_wall_s: float = Field(
+        1.0,
+        ge=0,
+        description="bwrap: a sandbox run goes on to the sample's next test while it has lasted less than "
+        "this and the earlier tests left nothing the next could see (files, IPC objects, keys); else the "
+        "next test gets a fresh sandbox. 0: a fresh sandbox per test. A run holds its slot at most "
+        "batch_wall_s + wall_timeout_s.",
+    )
     cpu_time_s: float = Field(5.0, ge=1, description="RLIMIT_CPU of each process of a run.")
     memory_mb: int = Field(
         2048,
