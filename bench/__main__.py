@@ -19,6 +19,7 @@ SCRIPTS = [
     "e2e_bench.py",
     "tools_bench.py",
     "tools_e2e_bench.py",
+    "code_bench.py",
 ]
 
 
