@@ -85,10 +85,10 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from grpo_runtime.openmp import OPERATOR_KEYS, shared_core_openmp
-from rollout_service.core.types import GenerateRequest, PromptInput, SamplingSpec, WeightFormat
 from rollout_service.core.validation import RequestValidator
 from rollout_service.engines.registry import build_engine
 from rollout_service.settings import RolloutSettings
+from rollout_service.types import GenerateRequest, PromptInput, SamplingSpec, WeightFormat
 from rollout_service.weights import ParamCatalog, validate_tensors
 from trainer_service.config.run_config import RunConfig, parse_config
 from trainer_service.core.types import JobEvent

@@ -20,8 +20,8 @@ import statistics
 import time
 from pathlib import Path
 
-from rollout_service.core.types import GenerationJob, SamplingSpec
 from rollout_service.engines.hf import HFEngine
+from rollout_service.types import GenerationJob, SamplingSpec
 
 TOOL_MESSAGE = [1, 40, 41, 42, 43, 44, 45, 2, 1, 46]
 

@@ -16,7 +16,7 @@
         rollout.push_lora("out/adapter", version=1)          # a PEFT save_pretrained directory, or
         rollout.push_lora(lora_state_dict, version=2, adapter_config=peft_config.to_dict())
         rollout.push_state_dict(model.state_dict(), version=3)  # full or partial
-        payload = encode(model.state_dict())                    # rollout_service.core.payload
+        payload = encode(model.state_dict())                    # rollout_service.payload
         for replica in replicas:                                # one encoding and SHA-256 for all
             replica.push_weights(payload, version=4, format="state_dict")
         rollout.load_weights("/shared/ckpt-5", version=5)       # a directory the server can read
@@ -51,8 +51,18 @@ from grpo.common.v1 import common_pb2
 from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
 from grpo_runtime.client import ChannelConfig, ServiceClient
-from rollout_service.core.payload import EncodedPayload, encode
-from rollout_service.core.types import (
+from rollout_service.core.weight_channel import (
+    DEFAULT_BUCKET_BYTES,
+    BucketFiles,
+    BucketPlan,
+    ChannelApplied,
+    fill_bucket,
+    plan_buckets,
+    shares_directory,
+)
+from rollout_service.engines.torch_group import BroadcastGroup, GroupSpec
+from rollout_service.payload import EncodedPayload, encode
+from rollout_service.types import (
     CompletionResult,
     EpisodeSpec,
     FinishReason,
@@ -65,16 +75,6 @@ from rollout_service.core.types import (
     WeightsApplied,
     WeightTransport,
 )
-from rollout_service.core.weight_channel import (
-    DEFAULT_BUCKET_BYTES,
-    BucketFiles,
-    BucketPlan,
-    ChannelApplied,
-    fill_bucket,
-    plan_buckets,
-    shares_directory,
-)
-from rollout_service.engines.torch_group import BroadcastGroup, GroupSpec
 from rollout_service.weights import adapter_dir_payload
 
 # Measured on loopback with grpcio 1.85 (bare bytes between two processes, no Python work per
@@ -187,7 +187,7 @@ class RolloutClient(ServiceClient):
         """Stream one safetensors payload in chunks (header on the first chunk, SHA-256 included).
 
         ``payload``: the file's bytes, or an :class:`EncodedPayload` (views of tensors, from
-        ``rollout_service.core.payload.encode``), streamed without building the file.
+        ``rollout_service.payload.encode``), streamed without building the file.
         ``format``: WeightFormat or "lora" / "state_dict"; ``adapter_config`` is required for LoRA
         (a dict or the adapter_config.json text).
         """

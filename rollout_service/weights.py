@@ -25,9 +25,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from grpo_runtime.errors import InvalidArgument
-from rollout_service.core import payload as codec
-from rollout_service.core.confined_files import confined_directory, read_confined
-from rollout_service.core.types import WeightFormat, WeightPayload
+from rollout_service import payload as codec
+from rollout_service.confined_files import confined_directory, read_confined
+from rollout_service.types import WeightFormat, WeightPayload
 
 PEFT_PREFIX = "base_model.model."
 ADAPTER_CONFIG = "adapter_config.json"
@@ -363,7 +363,7 @@ def read_directory(
 
     A directory with ``adapter_config.json`` is a PEFT adapter; otherwise every ``*.safetensors``
     file in it makes up one (partial) state dict. Files are read only as regular files under
-    ``root`` (``core.confined_files``), ``max_bytes`` in all (default
+    ``root`` (``confined_files``), ``max_bytes`` in all (default
     ``catalog.max_payload_bytes``).
     """
     field = "path"

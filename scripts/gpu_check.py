@@ -52,7 +52,7 @@ import yaml
 from safetensors.torch import load_file
 
 from rollout_service.client import RolloutClient
-from rollout_service.core.types import MemoryUsage
+from rollout_service.types import MemoryUsage
 from trainer_service.local.launcher import start_service
 from trainer_service.training.callbacks import read_metrics
 

@@ -10,8 +10,10 @@ from google.protobuf import json_format, struct_pb2
 from grpo.rollout.v1 import rollout_pb2
 
 from grpo_runtime.errors import InvalidArgument
-from rollout_service.core.payload import PayloadReceiver
-from rollout_service.core.types import (
+from rollout_service.core.weight_channel import ChannelApplied, ChannelManifest, TensorLayout
+from rollout_service.engines.torch_group import GroupSpec
+from rollout_service.payload import PayloadReceiver
+from rollout_service.types import (
     CompletionResult,
     EpisodeSpec,
     GenerateRequest,
@@ -26,8 +28,6 @@ from rollout_service.core.types import (
     WeightsApplied,
     WeightTransport,
 )
-from rollout_service.core.weight_channel import ChannelApplied, ChannelManifest, TensorLayout
-from rollout_service.engines.torch_group import GroupSpec
 
 # OpenWeightChannel's default wait for the group to form, in seconds.
 DEFAULT_JOIN_TIMEOUT_S = 60.0

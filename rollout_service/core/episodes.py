@@ -35,7 +35,10 @@ from transformers import PreTrainedTokenizerBase
 from grpo_runtime.env_types import Episode, EpisodeReward, StepOutcome, ToolCall, ToolResult
 from grpo_runtime.errors import InvalidArgument
 from rollout_service.core.tool_calls import ParsedCall, ToolSuffixer, malformed_result, parse_tool_calls
-from rollout_service.core.types import (
+from rollout_service.core.validation import RequestValidator
+from rollout_service.engines.base import derive_seed
+from rollout_service.settings import EpisodeSettings
+from rollout_service.types import (
     CompletionResult,
     EpisodeSpec,
     FinishReason,
@@ -45,9 +48,6 @@ from rollout_service.core.types import (
     SamplingSpec,
     TurnSpan,
 )
-from rollout_service.core.validation import RequestValidator
-from rollout_service.engines.base import derive_seed
-from rollout_service.settings import EpisodeSettings
 
 log = logging.getLogger(__name__)
 

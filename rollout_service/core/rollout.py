@@ -19,22 +19,10 @@ from transformers import PreTrainedTokenizerBase
 
 from grpo_runtime.compute_thread import ComputeThread
 from grpo_runtime.errors import FailedPrecondition, ResourceExhausted
-from rollout_service.core import memory
+from rollout_service import memory
 from rollout_service.core.episodes import EnvironmentBackend, EpisodeRunner
 from rollout_service.core.scheduler import BatchScheduler
 from rollout_service.core.sleep import SleepState
-from rollout_service.core.types import (
-    CompletionResult,
-    GenerateRequest,
-    GenerationJob,
-    SleepResult,
-    StatusInfo,
-    WakeResult,
-    WeightFormat,
-    WeightPayload,
-    WeightsApplied,
-    WeightTransport,
-)
 from rollout_service.core.validation import RequestValidator, check_completions
 from rollout_service.core.versioning import ReadWriteLock, UpdatePause, VersionState
 from rollout_service.core.weight_channel import (
@@ -47,6 +35,18 @@ from rollout_service.core.weight_channel import (
 from rollout_service.engines.base import Engine
 from rollout_service.engines.torch_group import GroupSpec
 from rollout_service.settings import EpisodeSettings
+from rollout_service.types import (
+    CompletionResult,
+    GenerateRequest,
+    GenerationJob,
+    SleepResult,
+    StatusInfo,
+    WakeResult,
+    WeightFormat,
+    WeightPayload,
+    WeightsApplied,
+    WeightTransport,
+)
 from rollout_service.weights import (
     ParamCatalog,
     ValidatedUpdate,

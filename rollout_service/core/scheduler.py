@@ -16,7 +16,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
-from rollout_service.core.types import GenerationJob
+from rollout_service.types import GenerationJob
 
 BatchRunner = Callable[[list[GenerationJob]], Awaitable[None]]
 

@@ -23,7 +23,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from rollout_service.core.types import (
+from rollout_service.types import (
     GenerateRequest,
     GenerationJob,
     PromptInput,

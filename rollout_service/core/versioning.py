@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from grpo_runtime.compute_thread import ComputeThread
 from grpo_runtime.errors import InvalidArgument
-from rollout_service.core.types import WeightFormat
+from rollout_service.types import WeightFormat
 
 # Versions are uint64 on the wire but int64 inside engines (vLLM keys LoRA adapters by an int64 id).
 MAX_POLICY_VERSION = 2**63 - 1

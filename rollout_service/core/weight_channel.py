@@ -41,9 +41,9 @@ import numpy as np
 import torch
 
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from rollout_service.core.confined_files import open_confined
-from rollout_service.core.types import WeightFormat, WeightTransport
+from rollout_service.confined_files import open_confined
 from rollout_service.engines.torch_group import BroadcastGroup, GroupSpec
+from rollout_service.types import WeightFormat, WeightTransport
 
 # Manifest dtype names (TensorLayout.dtype) ↔ torch dtypes: the dtypes models are served in.
 CHANNEL_DTYPES: dict[str, torch.dtype] = {

@@ -7,11 +7,11 @@ weights/sleep (under the core's exclusive lock) and one ``generate`` batch at a 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Protocol
 
 from transformers import PreTrainedTokenizerBase
 
-from rollout_service.core.types import GenerationJob
-from rollout_service.core.versioning import UpdatePause
+from rollout_service.types import GenerationJob
 from rollout_service.weights import ValidatedUpdate
 
 
@@ -22,6 +22,25 @@ def derive_seed(seed: int, prompt_index: int, sample_index: int = 0) -> int:
     x &= (1 << 64) - 1
     x ^= x >> 31
     return x & ((1 << 63) - 1)
+
+
+class UpdatePause(Protocol):
+    """What an engine running a partial-rollout batch polls at segment boundaries. The core implements
+    it (``core.versioning.UpdatePause``): engines see only this, so they never import the core.
+
+    ``version``: the policy version sampling now. ``segment_tokens``: pause only after multiples of this
+    many generated tokens. ``requested``: a weight update (or work it needs) waits.
+    """
+
+    version: int
+    segment_tokens: int
+
+    @property
+    def requested(self) -> bool: ...
+
+    def pause(self) -> int:
+        """Let the waiting updates apply; returns the version serving afterwards (``self.version``)."""
+        ...
 
 
 class Engine(ABC):

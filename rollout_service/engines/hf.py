@@ -41,12 +41,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rollout_service.core.memory import release_freed_memory
-from rollout_service.core.types import FinishReason, GenerationJob, RawCompletion, SamplingSpec
-from rollout_service.core.versioning import UpdatePause
-from rollout_service.engines.base import Engine, derive_seed
+from rollout_service.engines.base import Engine, UpdatePause, derive_seed
 from rollout_service.engines.hf_cache import decode_cache, seeded_layers
 from rollout_service.engines.sampling import RowParams, sample_rows, sampling_logits, tempered_logprobs
+from rollout_service.memory import release_freed_memory
+from rollout_service.types import FinishReason, GenerationJob, RawCompletion, SamplingSpec
 from rollout_service.weights import LoraAdapter, ValidatedUpdate
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

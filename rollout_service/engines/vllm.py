@@ -59,11 +59,10 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 from vllm.sampling_params import RequestOutputKind
 
 from grpo_runtime.errors import InvalidArgument
-from rollout_service.core.memory import release_freed_memory
-from rollout_service.core.types import FinishReason, GenerationJob, RawCompletion, SamplingSpec
-from rollout_service.core.versioning import UpdatePause
-from rollout_service.engines.base import Engine, derive_seed
+from rollout_service.engines.base import Engine, UpdatePause, derive_seed
+from rollout_service.memory import release_freed_memory
 from rollout_service.settings import RolloutSettings
+from rollout_service.types import FinishReason, GenerationJob, RawCompletion, SamplingSpec
 from rollout_service.weights import ValidatedUpdate
 
 logger = logging.getLogger(__name__)

@@ -22,11 +22,10 @@ from transformers import AutoTokenizer
 from grpo_runtime.env_types import Episode, EpisodeReward, StepOutcome, ToolCall, ToolDefinition, ToolResult
 from grpo_runtime.server import GrpcServer
 from rollout_service.core.rollout import RolloutCore
-from rollout_service.core.types import FinishReason, GenerationJob, RawCompletion
-from rollout_service.core.versioning import UpdatePause
-from rollout_service.engines.base import Engine
+from rollout_service.engines.base import Engine, UpdatePause
 from rollout_service.server import binding, environment_clients
 from rollout_service.settings import EpisodeSettings, RolloutSettings
+from rollout_service.types import FinishReason, GenerationJob, RawCompletion
 from rollout_service.weights import ParamCatalog
 from tests.support.server_thread import server_thread
 

@@ -2,7 +2,7 @@
 
 TRL's ``rollout_func`` receives the prompts only, while an environment needs the sample's dataset columns
 (``reset(**row)``): :class:`EpisodePlan` keeps a table from each training/eval prompt to its row's columns,
-built from the datasets, and attaches one :class:`~rollout_service.core.types.EpisodeSpec` per prompt. With
+built from the datasets, and attaches one :class:`~rollout_service.types.EpisodeSpec` per prompt. With
 several ``environments`` a row picks one by its ``environment`` column (default: the first).
 
 Back from the rollout service, each completion carries its ``tool_mask``; :func:`episode_fields` returns it

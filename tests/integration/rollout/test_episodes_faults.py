@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from rollout_service.client import RolloutClient
-from rollout_service.core.types import EpisodeSpec, FinishReason
+from rollout_service.types import EpisodeSpec, FinishReason
 from tests.integration.reward.fixtures import SETTINGS, reward_server_thread
 from tests.support.episodes import scripted_rollout_server, tool_call
 from tests.support.node_env import node_env_server

@@ -12,7 +12,7 @@ import pytest
 from grpo_runtime.call_errors import InvalidArgumentError
 from grpo_runtime.server import GrpcServer
 from rollout_service.client import RolloutClient
-from rollout_service.core.types import EpisodeSpec, FinishReason
+from rollout_service.types import EpisodeSpec, FinishReason
 from tests.integration.reward.fixtures import SETTINGS, reward_server_thread
 from tests.support.episodes import scripted_rollout_server, tool_call
 

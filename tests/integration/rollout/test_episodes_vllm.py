@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from rollout_service.client import RolloutClient
-from rollout_service.core.types import EpisodeSpec, FinishReason
 from rollout_service.settings import RolloutSettings
+from rollout_service.types import EpisodeSpec, FinishReason
 from tests.integration.reward.fixtures import SETTINGS, reward_server_thread
 from tests.integration.rollout.fixtures import rollout_server_thread
 

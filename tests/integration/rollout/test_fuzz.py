@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
-from rollout_service.core.payload import DTYPES, encode
+from rollout_service.payload import DTYPES, encode
 from rollout_service.settings import RolloutSettings
 from tests.integration.rollout.fixtures import rollout_server_thread
 

@@ -20,7 +20,7 @@ from grpo.rollout.v1 import rollout_pb2
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
-from rollout_service.core.payload import encode
+from rollout_service.payload import encode
 from rollout_service.settings import RolloutSettings
 from tests.integration.rollout.fixtures import rollout_server_thread
 from tests.support.statuses import failure

@@ -15,8 +15,8 @@ from reward_service.environments.calculator import Calculator, format_number
 from reward_service.environments.settings import CalculatorSettings
 from rollout_service.client import RolloutClient
 from rollout_service.core.tool_calls import parse_tool_calls
-from rollout_service.core.types import EpisodeSpec, FinishReason
 from rollout_service.settings import RolloutSettings
+from rollout_service.types import EpisodeSpec, FinishReason
 from tests.integration.reward.fixtures import SETTINGS, reward_server_thread
 from tests.integration.rollout.fixtures import rollout_server_thread
 

@@ -13,8 +13,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rollout_service.client import RolloutClient
-from rollout_service.core.types import CompletionResult
 from rollout_service.settings import RolloutSettings
+from rollout_service.types import CompletionResult
 from tests.integration.rollout.fixtures import rollout_server_thread
 
 PROMPT = [5, 6, 7, 8]

@@ -19,8 +19,8 @@ from transformers import AutoModelForCausalLM
 
 from grpo_runtime.call_errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError
 from rollout_service.client import RolloutClient
-from rollout_service.core.types import FinishReason, WeightFormat
 from rollout_service.settings import RolloutSettings
+from rollout_service.types import FinishReason, WeightFormat
 from tests.integration.rollout.fixtures import rollout_server_thread
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]

@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from rollout_service.client import RolloutClient, shares_directory
-from rollout_service.core.types import WeightTransport
+from rollout_service.types import WeightTransport
 from trainer_service.local.launcher import (
     SHARED_MEMORY_PREFIX,
     SHARED_MEMORY_ROOT,

@@ -23,7 +23,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from rollout_service.client import RolloutClient
-from rollout_service.core.types import WeightFormat
+from rollout_service.types import WeightFormat
 from tests.integration.trainer.fixtures import run_config
 from trainer_service.local.launcher import LocalServices, free_port, start_local_services, start_service
 from trainer_service.training.callbacks import read_metrics

@@ -22,7 +22,7 @@ from transformers import AutoTokenizer
 from grpo_runtime.config import ServerConfig
 from grpo_runtime.server import GrpcServer
 from rollout_service.client import RolloutClient
-from rollout_service.core.types import WeightFormat
+from rollout_service.types import WeightFormat
 from tests.integration.trainer.fixtures import MODEL_ROOTS, CrashAndRestart, run_config
 from trainer_service.config.run_config import parse_config
 from trainer_service.core.types import JobEvent, RunState

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from grpo_runtime.errors import InvalidArgument, PermissionDenied, ResourceExhausted
-from rollout_service.core.confined_files import confined_directory, read_confined
+from rollout_service.confined_files import confined_directory, read_confined
 
 
 @pytest.fixture

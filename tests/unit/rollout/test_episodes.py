@@ -13,7 +13,9 @@ from grpo_runtime.env_types import ToolResult
 from grpo_runtime.errors import InvalidArgument
 from rollout_service.core.rollout import RolloutCore
 from rollout_service.core.tool_calls import ToolSuffixer
-from rollout_service.core.types import (
+from rollout_service.engines.hf import HFEngine
+from rollout_service.settings import EpisodeSettings
+from rollout_service.types import (
     EpisodeSpec,
     FinishReason,
     GenerateRequest,
@@ -21,8 +23,6 @@ from rollout_service.core.types import (
     SamplingSpec,
     WeightFormat,
 )
-from rollout_service.engines.hf import HFEngine
-from rollout_service.settings import EpisodeSettings
 from rollout_service.weights import ParamCatalog
 from tests.support.episodes import SCRIPTED_LOGPROB, CalculatorEnvironment, ScriptedEngine, tool_call
 

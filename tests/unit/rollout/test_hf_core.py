@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument
 from rollout_service.core import rollout as rollout_module
 from rollout_service.core.rollout import RolloutCore
-from rollout_service.core.types import (
+from rollout_service.engines.hf import HFEngine
+from rollout_service.types import (
     FinishReason,
     GenerateRequest,
     GenerationJob,
@@ -24,7 +25,6 @@ from rollout_service.core.types import (
     WeightFormat,
     WeightPayload,
 )
-from rollout_service.engines.hf import HFEngine
 from rollout_service.weights import ParamCatalog, sha256_hex, state_dict_bytes, validate_payload
 
 PROMPTS = (

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rollout_service.core.types import FinishReason, GenerationJob, SamplingSpec
 from rollout_service.engines.hf import HFEngine
+from rollout_service.types import FinishReason, GenerationJob, SamplingSpec
 
 GREEDY = SamplingSpec(temperature=0.0, max_tokens=8)
 TOOL_TOKENS = [1, 40, 41, 42, 2, 1, 43]  # stands for a tool message the loop appended

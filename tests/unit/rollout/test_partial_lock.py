@@ -10,8 +10,8 @@ import time
 
 from grpo_runtime.compute_thread import ComputeThread
 from rollout_service.core.scheduler import BatchScheduler
-from rollout_service.core.types import GenerationJob, SamplingSpec
 from rollout_service.core.versioning import ReadWriteLock, UpdatePause
+from rollout_service.types import GenerationJob, SamplingSpec
 
 
 async def settle() -> None:

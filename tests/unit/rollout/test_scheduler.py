@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from rollout_service.core.scheduler import BatchScheduler
-from rollout_service.core.types import GenerationJob, SamplingSpec
+from rollout_service.types import GenerationJob, SamplingSpec
 
 
 def job(rows: int = 1) -> GenerationJob:

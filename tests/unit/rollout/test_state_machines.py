@@ -8,8 +8,8 @@ import pytest
 
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument
 from rollout_service.core.sleep import SleepState
-from rollout_service.core.types import WeightFormat
 from rollout_service.core.versioning import MAX_POLICY_VERSION, ReadWriteLock, VersionState
+from rollout_service.types import WeightFormat
 
 
 def test_version_must_increase():

@@ -6,14 +6,14 @@ import pytest
 from transformers import AutoTokenizer
 
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from rollout_service.core.types import (
+from rollout_service.core.validation import RequestValidator, check_completions
+from rollout_service.types import (
     FinishReason,
     GenerateRequest,
     PromptInput,
     RawCompletion,
     SamplingSpec,
 )
-from rollout_service.core.validation import RequestValidator, check_completions
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ from grpo_runtime.errors import (
     PermissionDenied,
     ResourceExhausted,
 )
-from rollout_service.core.types import WeightFormat, WeightTransport
 from rollout_service.core.weight_channel import (
     TENSOR_ALIGN,
     BucketFiles,
@@ -33,6 +32,7 @@ from rollout_service.core.weight_channel import (
     tensors_in_buckets,
 )
 from rollout_service.engines.torch_group import MAX_WORLD_SIZE, BroadcastGroup, GroupSpec
+from rollout_service.types import WeightFormat, WeightTransport
 from rollout_service.weights import all_finite
 from tests.support.silent_peer import silent_peer
 from trainer_service.rollout.weight_transport import free_port

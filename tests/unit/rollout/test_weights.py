@@ -12,8 +12,8 @@ from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
 from grpo_runtime.errors import InvalidArgument, ResourceExhausted
-from rollout_service.core import payload as codec
-from rollout_service.core.types import WeightFormat, WeightPayload
+from rollout_service import payload as codec
+from rollout_service.types import WeightFormat, WeightPayload
 from rollout_service.weights import (
     ParamCatalog,
     read_directory,

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from rollout_service.core.types import CompletionResult, FinishReason
+from rollout_service.types import CompletionResult, FinishReason
 from trainer_service.config.run_config import parse_config
 from trainer_service.core.types import JobEvent, RunState
 from trainer_service.local.progress import ProgressSink

@@ -10,7 +10,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig
 
-from rollout_service.core.types import CompletionResult, FinishReason, TurnSpan
+from rollout_service.types import CompletionResult, FinishReason, TurnSpan
 from tests.unit.trainer.fixtures import length_reward, offset_rollout
 from trainer_service.config.run_config import ConfigError, parse_config
 from trainer_service.rollout.episodes import EnvironmentReward, EpisodePlan, episode_plan, tool_metrics

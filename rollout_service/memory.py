@@ -9,7 +9,7 @@ import gc
 import psutil
 import torch
 
-from rollout_service.core.types import MemoryUsage
+from rollout_service.types import MemoryUsage
 
 
 def process_tree_rss() -> int:
