@@ -13,7 +13,8 @@ from tiny_models.make import make_all
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-MODELS_DIR = Path(__file__).parent / "assets" / "models"
+# TINY_MODELS_DIR points the suite at models built elsewhere (test_judge_on_any_cpu.py does).
+MODELS_DIR = Path(os.environ.get("TINY_MODELS_DIR") or Path(__file__).parent / "assets" / "models")
 
 
 @pytest.fixture(scope="session")
