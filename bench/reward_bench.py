@@ -15,7 +15,7 @@
 3. **latency**: single-sample Score, sequential, p50/p99 in ms, for a rule reward (``format``) and for
    ``accuracy`` (one round trip to a math-verify worker process).
 
-The service runs with ``mathverify.workers`` = the cores this process may use. Writes ``--out``
+The service runs with ``checkers.workers`` = the cores this process may use. Writes ``--out``
 (default ``bench/results/reward.json``).
 
 Usage: ``python bench/reward_bench.py [--quick] [--out bench/results/reward.json]``
@@ -131,7 +131,7 @@ class Service:
         self.port = free_port()
         fd, self._config_path = tempfile.mkstemp(suffix=".yaml")
         with os.fdopen(fd, "w") as config:
-            config.write(f"server:\n  grace_period_s: 2\nmathverify:\n  workers: {workers}\n")
+            config.write(f"server:\n  grace_period_s: 2\ncheckers:\n  workers: {workers}\n")
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         self.proc = subprocess.Popen(
             [
@@ -349,7 +349,7 @@ async def run(args: argparse.Namespace) -> dict:
             "load_average_end": round(load_avg_end[0], 2),
             "load_averages_1_5_15m": {"start": load_avg_start, "end": load_avg_end},
         },
-        "service": {"mathverify_workers": workers},
+        "service": {"checker_workers": workers},
         "accuracy_512": accuracy,
         "single_sample_latency": latency,
         "load": load,

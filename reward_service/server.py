@@ -13,12 +13,12 @@ from grpo_runtime.config import ConfigError
 from grpo_runtime.server import Cleanup, ServiceBinding
 from reward_service.api.environment import EnvironmentServicer
 from reward_service.api.reward import RewardServicer
+from reward_service.checkers.pool import CheckerPool
 from reward_service.core.scorer import ScoreLimits, Scorer
 from reward_service.core.stress import StressLimits
 from reward_service.environments.host import EnvironmentHost, start_environments
 from reward_service.http.app import HttpEndpoint
 from reward_service.judges.remote import RemoteJudge, remote_judges
-from reward_service.mathverify.pool import MathVerifyPool
 from reward_service.rewards.base import ThreadRunner
 from reward_service.rewards.registry import builtin_rewards
 from reward_service.sandbox.runner import SandboxRunner, open_runner
@@ -56,7 +56,7 @@ class RewardService:
     """Everything a running reward service owns; ``close`` releases it."""
 
     scorer: Scorer
-    pool: MathVerifyPool
+    pool: CheckerPool
     registry: ModelRegistry | None
     settings: RewardSettings
     text_threads: ThreadPoolExecutor
@@ -112,10 +112,10 @@ class RewardService:
 
 
 async def start_reward_service(settings: RewardSettings) -> RewardService:
-    """Starts the math-verify workers (before any gRPC server exists: spawn, never fork), probes the
+    """Starts the checker workers (before any gRPC server exists: spawn, never fork), probes the
     sandbox and loads the preconfigured models."""
     judges = remote_judges(settings.judges)  # reads their API tokens: a missing one fails here
-    pool = MathVerifyPool(settings.mathverify)
+    pool = CheckerPool(settings.checkers)
     await pool.start()
     if ModelRegistry is None:
         log.warning("reward models unavailable: torch/transformers are not installed (slim image)")

@@ -7,17 +7,17 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from grpo_runtime.config import ConfigError, format_validation_error
+from reward_service.checkers.settings import CheckerSettings
 from reward_service.environments.settings import EnvironmentSettings
 from reward_service.http.settings import HttpSettings
 from reward_service.judges.settings import RemoteJudgeSettings
-from reward_service.mathverify.settings import MathVerifySettings
 from reward_service.models.settings import ModelSettings
 from reward_service.models.spec import MODEL_NAME_RE
 from reward_service.sandbox.settings import SandboxSettings
 
 
 class RewardSettings(BaseModel):
-    """Request limits plus one block per backend (math-verify pool, code sandbox, reward models)."""
+    """Request limits plus one block per backend (checker pool, code sandbox, reward models)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -70,7 +70,7 @@ class RewardSettings(BaseModel):
         description="Reference samples of one StressReward request (each becomes one completion per "
         "attack); more is RESOURCE_EXHAUSTED.",
     )
-    mathverify: MathVerifySettings = Field(default_factory=MathVerifySettings)
+    checkers: CheckerSettings = Field(default_factory=CheckerSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     models: ModelSettings = Field(default_factory=ModelSettings)
     environments: EnvironmentSettings = Field(default_factory=EnvironmentSettings)

@@ -1,6 +1,6 @@
 """Rewards built on answer correctness: accuracy, reasoning_accuracy, length (Kimi 1.5) and cosine.
 
-Correctness comes from the math-verify worker pool (see ``reward_service.mathverify``), so a hanging SymPy
+Correctness comes from math-verify in the checker pool (see ``reward_service.checkers``), so a hanging SymPy
 comparison costs one sample an error, not the service a thread.
 """
 
@@ -13,9 +13,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from reward_service.checkers.options import PRESETS, TRL, MathVerifyOptions
+from reward_service.checkers.pool import CheckerPool
 from reward_service.core.types import ComponentResult, ParamInfo, RewardDescription, Sample
-from reward_service.mathverify.options import PRESETS, TRL, MathVerifyOptions
-from reward_service.mathverify.pool import MathVerifyPool
 from reward_service.rewards.base import Deadline, ThreadRunner, gold_answer, missing_metadata
 
 ANSWER_KEY = ParamInfo(
@@ -168,7 +168,7 @@ def math_options(params: dict[str, Any]) -> MathVerifyOptions:
 
 
 async def correctness(
-    pool: MathVerifyPool,
+    pool: CheckerPool,
     samples: Sequence[Sample],
     answer_key: str,
     options: MathVerifyOptions = TRL,
@@ -199,7 +199,7 @@ class Accuracy:
     change the extraction and comparison (see ``math_options``). ``mode="numeric"``: the seed's numeric
     tolerance instead."""
 
-    def __init__(self, pool: MathVerifyPool, runner: ThreadRunner):
+    def __init__(self, pool: CheckerPool, runner: ThreadRunner):
         self._pool = pool
         self._runner = runner  # numeric mode runs in a thread, as the text rewards
         self.description = RewardDescription(
@@ -249,7 +249,7 @@ class ReasoningAccuracy:
     the reasoning is not closed (before the gold is even parsed, as TRL), no value when the gold cannot be
     parsed. Takes accuracy's math-verify params."""
 
-    def __init__(self, pool: MathVerifyPool):
+    def __init__(self, pool: CheckerPool):
         self._pool = pool
         self.description = RewardDescription(
             name="reasoning_accuracy",
@@ -295,7 +295,7 @@ class LengthReward:
     does. Its length still counts toward the group's min/max.
     """
 
-    def __init__(self, pool: MathVerifyPool):
+    def __init__(self, pool: CheckerPool):
         self._pool = pool
         self.description = RewardDescription(
             name="length",
@@ -346,7 +346,7 @@ class CosineReward:
     open-r1 ``get_cosine_scaled_reward``). See ``cosine_value``; correctness is ``accuracy``'s, with its
     math-verify params."""
 
-    def __init__(self, pool: MathVerifyPool):
+    def __init__(self, pool: CheckerPool):
         self._pool = pool
         self.description = RewardDescription(
             name="cosine",

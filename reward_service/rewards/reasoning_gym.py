@@ -15,34 +15,28 @@ Threat model: answers are model text and metadata is the caller's. Tasks whose c
 withheld (``reasoning_gym_tasks.withheld_reason``), and metadata numbers that size what a task builds are
 bounded (``reasoning_gym_tasks.check_entry_metadata``: a sample past a bound is an error naming the field).
 ``score_answer`` itself is reasoning-gym's code, opaque to any cooperative deadline (an answer can make some
-tasks loop for hours), so each sample runs in the checker pool's worker processes (``mathverify.pool``,
-:func:`score_entry`): past the pool's per-sample deadline the worker is killed and replaced and the sample
-is an error, and past its memory limit the sample is an error; the service's threads never run it.
+tasks loop for hours), so each sample runs in the checker pool's worker processes (``checkers.pool``,
+``checkers.reasoning_gym.score_entry``): past the pool's per-sample deadline the worker is killed and
+replaced and the sample is an error, and past its memory limit the sample is an error; the service's threads
+never run it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 from collections.abc import Sequence
-from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import reasoning_gym
 from reasoning_gym.factory import DATASETS
 
+from reward_service.checkers.pool import CheckerPool
+from reward_service.checkers.reasoning_gym import ENTRY_KEY, score_entry
+from reward_service.checkers.reasoning_gym_tasks import offered_tasks
 from reward_service.core.types import ComponentResult, ParamInfo, RewardDescription, Sample
 from reward_service.rewards.base import gold_answer
-from reward_service.rewards.reasoning_gym_tasks import check_entry_metadata, offered_tasks, withheld_reason
-
-if TYPE_CHECKING:  # the pool's worker imports this module: a runtime import would be circular
-    from reward_service.mathverify.pool import MathVerifyPool
 
 PREFIX = "reasoning_gym:"
-ENTRY_KEY = "reasoning_gym"
 ANSWER_KEY = "answer"
-ERROR_CHARS = 200
 
 PARAMS = (
     ParamInfo(
@@ -79,58 +73,11 @@ def extract_answer(completion: str, answer_format: str) -> str | None:
     return completion[start + len("<answer>") : end].strip()
 
 
-def entry_of(task: str, question: str, gold: str | None, raw: Any) -> dict[str, Any]:
-    """The reasoning-gym entry of a sample: its last prompt message, its gold answer and ``raw``, its metadata
-    ``reasoning_gym`` (an object or its JSON text); ValueError says what is missing or wrong."""
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except ValueError as exc:  # also a number of more digits than int() converts
-            raise ValueError(f"metadata '{ENTRY_KEY}' is not JSON ({getattr(exc, 'msg', exc)})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"metadata '{ENTRY_KEY}' must be an object or its JSON text")
-    source = raw.get("source_dataset")
-    if source is not None and source != task:
-        raise ValueError(f"metadata '{ENTRY_KEY}' is an entry of task {str(source)[:80]!r}, not {task!r}")
-    check_entry_metadata(task, raw, where=f"metadata {ENTRY_KEY}")
-    return {"question": question, "answer": gold, "metadata": raw}
-
-
-@cache
-def _dataset(task: str) -> Any:
-    """The task's dataset with its default config: its ``score_answer`` is what scores."""
-    return reasoning_gym.create_dataset(task, size=1, seed=0)
-
-
-def score_entry(
-    task: str, answer: str | None, question: str, gold: str | None, raw: Any
-) -> tuple[float | None, str]:
-    """``(value, error)`` of one sample: its entry rebuilt and checked (:func:`entry_of`), then the task's
-    ``score_answer(answer, entry)``. A checker pool job (it runs in a worker process, see the module
-    docstring); MemoryError propagates, for the worker to name its limit."""
-    reason = withheld_reason(task)
-    if reason is not None:
-        return None, f"reasoning-gym task {task!r} is withheld: {reason}"
-    try:
-        entry = entry_of(task, question, gold, raw)
-    except ValueError as exc:
-        return None, str(exc)
-    try:
-        value = float(_dataset(task).score_answer(answer, entry))
-    except MemoryError:
-        raise
-    except Exception as exc:  # the task's code on caller metadata: any failure is this sample's error
-        return None, f"score_answer failed: {type(exc).__name__}: {str(exc)[:ERROR_CHARS]}"
-    if not math.isfinite(value):
-        return None, f"score_answer returned {value}"
-    return value, ""
-
-
 class ReasoningGymReward:
     """``reasoning_gym:<task>``: ``score_answer(extract(completion), entry)`` in [0, 1], each sample a job of
-    the checker pool (:func:`score_entry`)."""
+    the checker pool (``checkers.reasoning_gym.score_entry``)."""
 
-    def __init__(self, task: str, pool: MathVerifyPool):
+    def __init__(self, task: str, pool: CheckerPool):
         self.task = task
         self._pool = pool
         category = DATASETS[task][0].__module__.split(".")[1]
@@ -165,6 +112,6 @@ class ReasoningGymReward:
         return ComponentResult(value=value, error=error)
 
 
-def reasoning_gym_rewards(pool: MathVerifyPool) -> list[ReasoningGymReward]:
+def reasoning_gym_rewards(pool: CheckerPool) -> list[ReasoningGymReward]:
     """One reward per offered task, in name order."""
     return [ReasoningGymReward(task, pool) for task in offered_tasks()]

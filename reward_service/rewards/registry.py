@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reward_service.mathverify.pool import MathVerifyPool
+from reward_service.checkers.pool import CheckerPool
 from reward_service.rewards.accuracy import (
     Accuracy,
     CosineReward,
@@ -26,7 +26,7 @@ except ModuleNotFoundError as missing:
 
 
 def builtin_rewards(
-    pool: MathVerifyPool,
+    pool: CheckerPool,
     sandbox: SandboxRunner | None,
     sandbox_available: bool,
     sandbox_status: str,

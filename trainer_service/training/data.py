@@ -17,7 +17,7 @@ lists.
 ``reasoning_gym:<task>`` generates the rows instead (:func:`generate_rows`): the entry's question as the
 user turn (after the configured system prompt), ``answer`` its gold answer and ``reasoning_gym`` its metadata
 as JSON text — what the reward service's ``reasoning_gym:<task>`` rewards rebuild the entry from. The reward
-service's policy (``reward_service.rewards.reasoning_gym_tasks``) applies here too, before any generation: a
+service's policy (``reward_service.checkers.reasoning_gym_tasks``) applies here too, before any generation: a
 task it withholds (its code evaluates text) is refused, and so is a task config value past its bound (the
 run's config is hostile input, and generation runs in the trainer's process).
 """
@@ -244,7 +244,7 @@ def generate_rows(task: str, generated: GeneratedData, *, split: str) -> list[Ro
     layout."""
     # reasoning-gym (and sympy under it) takes about a second to import: only runs that use it pay.
     reasoning_gym = importlib.import_module("reasoning_gym")
-    policy = importlib.import_module("reward_service.rewards.reasoning_gym_tasks")
+    policy = importlib.import_module("reward_service.checkers.reasoning_gym_tasks")
     if task not in reasoning_gym.factory.DATASETS:
         known = ", ".join(policy.offered_tasks())
         raise DataError(f"{split} data: unknown reasoning-gym task {task[:80]!r} (tasks: {known})")

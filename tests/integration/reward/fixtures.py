@@ -29,6 +29,6 @@ SETTINGS = {
     "max_concurrent_requests": 3,
     "max_completion_chars": 2_000_000,
     "text_deadline_s": 1,
-    "mathverify": {"workers": 2, "deadline_s": 5},
+    "checkers": {"workers": 2, "deadline_s": 5},
     "sandbox": {"wall_timeout_s": 2, "cpu_time_s": 2, "memory_mb": 256, "concurrency": 4},
 }

@@ -29,7 +29,7 @@ def _env() -> dict[str, str]:
 @pytest.mark.slow
 def test_config_error_names_the_key(tmp_path):
     config = tmp_path / "reward.yaml"
-    config.write_text("sandbox:\n  memory_mb: lots\nmathverify:\n  workers: 1\n")
+    config.write_text("sandbox:\n  memory_mb: lots\ncheckers:\n  workers: 1\n")
     proc = subprocess.run(
         [sys.executable, "-m", "reward_service", "--port", "0", "--config", str(config)],
         capture_output=True,
@@ -45,7 +45,7 @@ def test_config_error_names_the_key(tmp_path):
 def test_serves_until_sigterm(tmp_path):
     port = _free_port()
     config = tmp_path / "reward.yaml"
-    config.write_text("server:\n  grace_period_s: 1\nmathverify:\n  workers: 1\n")
+    config.write_text("server:\n  grace_period_s: 1\ncheckers:\n  workers: 1\n")
     proc = subprocess.Popen(
         [sys.executable, "-m", "reward_service", "--port", str(port), "--config", str(config)],
         stdout=subprocess.PIPE,
@@ -80,7 +80,7 @@ def test_serves_until_sigterm(tmp_path):
 def test_http_port_flag_serves_get_reward_beside_grpc(tmp_path):
     port, http_port = _free_port(), _free_port()
     config = tmp_path / "reward.yaml"
-    config.write_text("server:\n  grace_period_s: 1\nmathverify:\n  workers: 1\nhttp:\n  port: 1\n")
+    config.write_text("server:\n  grace_period_s: 1\ncheckers:\n  workers: 1\nhttp:\n  port: 1\n")
     proc = subprocess.Popen(
         [
             sys.executable,

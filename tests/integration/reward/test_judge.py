@@ -36,7 +36,7 @@ async def remote():
 async def server(tiny_models, remote):
     settings = RewardSettings.model_validate(
         {
-            "mathverify": {"workers": 1},
+            "checkers": {"workers": 1},
             "sandbox": {"enabled": False},
             "judges": {"remote": {"base_url": remote.url, "model": "tiny", "retries": 0}},
         }

@@ -37,7 +37,7 @@ def second_prm(tiny_models, tmp_path_factory):
 async def server(tiny_models):
     settings = RewardSettings.model_validate(
         {
-            "mathverify": {"workers": 1},
+            "checkers": {"workers": 1},
             "sandbox": {"enabled": False},
             "models": {
                 "max_wait_ms": 5,

@@ -38,7 +38,7 @@ def _settings(tiny_models, fast: bool) -> RewardSettings:
         {"name": "judge", "path": str(tiny_models["orm"]), "kind": "orm"},
     ]
     return RewardSettings.model_validate(
-        {"mathverify": {"workers": 1}, "sandbox": {"enabled": False}, "models": models}
+        {"checkers": {"workers": 1}, "sandbox": {"enabled": False}, "models": models}
     )
 
 

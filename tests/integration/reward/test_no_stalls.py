@@ -155,7 +155,7 @@ def test_counts_past_the_limits_are_resource_exhausted_naming_them(channel):
 
 def test_an_expired_score_stops_its_work_and_frees_the_worker():
     # A 30 s per-sample deadline: the worker must be freed because the caller's 1 s deadline passed.
-    settings = {**SETTINGS, "mathverify": {"workers": 1, "deadline_s": 30}}
+    settings = {**SETTINGS, "checkers": {"workers": 1, "deadline_s": 30}}
     with reward_server_thread(settings) as server, create_sync_channel(server.address) as channel:
         pool = _pool(server)
         request = reward_pb2.ScoreRequest(rewards=[reward_pb2.RewardSpec(name="accuracy")])

@@ -109,7 +109,7 @@ def test_an_endless_score_is_killed_while_other_scores_succeed(client, reward_se
         (result,) = stuck.result()
     assert scored_meanwhile == 5  # every quick Score ran while the endless one was still being scored
     component = dict(result.components)["reasoning_gym:rush_hour"]
-    deadline = SETTINGS["mathverify"]["deadline_s"]
+    deadline = SETTINGS["checkers"]["deadline_s"]
     assert component.value is None
-    assert f"per-sample deadline of {deadline:g}s (mathverify.deadline_s)" in component.error
+    assert f"per-sample deadline of {deadline:g}s (checkers.deadline_s)" in component.error
     assert [r.reward for r in client.score(quick, [f"reasoning_gym:{task}"])] == [1.0] * 4

@@ -19,7 +19,7 @@ from tests.integration.reward.fixtures import reward_server_thread
 
 TOKEN = f"grpo-admin-token-{os.getpid()}"
 SETTINGS = {
-    "mathverify": {"workers": 1},
+    "checkers": {"workers": 1},
     "models": {"preload": []},
     "sandbox": {"wall_timeout_s": 5, "cpu_time_s": 2, "memory_mb": 512, "concurrency": 2},
 }

@@ -94,7 +94,7 @@ def test_cli_in_process_with_json_output(tmp_path, capsys):
         )
     )
     settings = tmp_path / "reward.yaml"
-    settings.write_text(yaml.safe_dump({"mathverify": {"workers": 1}, "sandbox": {"enabled": False}}))
+    settings.write_text(yaml.safe_dump({"checkers": {"workers": 1}, "sandbox": {"enabled": False}}))
     assert stress_command([str(config), "--settings", str(settings), "--json", "--threshold", "0.9"]) == 1
     printed = json.loads(capsys.readouterr().out)
     assert printed["threshold"] == 0.9

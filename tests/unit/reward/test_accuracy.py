@@ -10,9 +10,9 @@ import pytest
 import pytest_asyncio
 from trl.rewards import accuracy_reward, get_cosine_scaled_reward
 
+from reward_service.checkers.pool import CheckerPool
+from reward_service.checkers.settings import CheckerSettings
 from reward_service.core.types import Sample
-from reward_service.mathverify.pool import MathVerifyPool
-from reward_service.mathverify.settings import MathVerifySettings
 from reward_service.rewards.accuracy import (
     Accuracy,
     CosineReward,
@@ -58,7 +58,7 @@ CASES = [
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def pool():
-    p = MathVerifyPool(MathVerifySettings(workers=2, deadline_s=10))
+    p = CheckerPool(CheckerSettings(workers=2, deadline_s=10))
     await p.start()
     yield p
     await p.close()
@@ -163,9 +163,7 @@ async def test_hanging_verification_is_killed_replaced_and_reported(pool):
     replaced = pool.replaced
     start = time.monotonic()
     value, error = await pool.check("1", r"\boxed{9^{9^{9^{9}}}}", deadline_s=1.0)
-    assert value is None and error.startswith(
-        "exceeded the per-sample deadline of 1s (mathverify.deadline_s)"
-    )
+    assert value is None and error.startswith("exceeded the per-sample deadline of 1s (checkers.deadline_s)")
     assert time.monotonic() - start < 5
     # The killed worker is replaced: the pool keeps its size and keeps answering.
     for _ in range(100):
@@ -191,9 +189,7 @@ async def test_batch_runs_in_parallel_over_workers(pool):
 async def test_math_verify_own_timeout_in_the_worker_is_an_error_not_a_zero():
     # SIGALRM works in the worker's main thread: math-verify's 1 s comparison timeout fires well before the
     # hard deadline, and the sample reports it instead of TRL's silent False.
-    small = MathVerifyPool(
-        MathVerifySettings(workers=1, parse_timeout_s=1, verify_timeout_s=1, deadline_s=30)
-    )
+    small = CheckerPool(CheckerSettings(workers=1, parse_timeout_s=1, verify_timeout_s=1, deadline_s=30))
     await small.start()
     try:
         start = time.monotonic()
@@ -226,7 +222,7 @@ async def test_a_cancelled_caller_frees_its_worker_within_the_grace_not_the_dead
 
 
 async def test_a_configured_timeout_value_is_given_with_the_deadline_error():
-    small = MathVerifyPool(MathVerifySettings(workers=1, deadline_s=1.0, timeout_value=0.0))
+    small = CheckerPool(CheckerSettings(workers=1, deadline_s=1.0, timeout_value=0.0))
     await small.start()
     try:
         value, error = await small.check("1", r"\boxed{9^{9^{9^{9}}}}")
@@ -236,7 +232,7 @@ async def test_a_configured_timeout_value_is_given_with_the_deadline_error():
 
 
 async def test_the_standby_worker_takes_a_killed_workers_place_at_once():
-    single = MathVerifyPool(MathVerifySettings(workers=1, deadline_s=1.0))
+    single = CheckerPool(CheckerSettings(workers=1, deadline_s=1.0))
     await single.start()
     try:
         for _ in range(600):

@@ -10,10 +10,10 @@ from math_verify import LatexExtractionConfig, parse, verify
 from trl.rewards import reasoning_accuracy_reward
 
 from grpo_runtime.errors import InvalidArgument
+from reward_service.checkers.options import MATH_VERIFY, TRL
+from reward_service.checkers.pool import CheckerPool
+from reward_service.checkers.settings import CheckerSettings
 from reward_service.core.types import Sample
-from reward_service.mathverify.options import MATH_VERIFY, TRL
-from reward_service.mathverify.pool import MathVerifyPool
-from reward_service.mathverify.settings import MathVerifySettings
 from reward_service.rewards.accuracy import (
     Accuracy,
     CosineReward,
@@ -44,7 +44,7 @@ CASES = [
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def pool():
-    p = MathVerifyPool(MathVerifySettings(workers=2, deadline_s=20))
+    p = CheckerPool(CheckerSettings(workers=2, deadline_s=20))
     await p.start()
     yield p
     await p.close()

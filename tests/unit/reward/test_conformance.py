@@ -24,10 +24,10 @@ import pytest
 import pytest_asyncio
 
 from grpo_runtime.errors import InvalidArgument
+from reward_service.checkers.pool import CheckerPool
+from reward_service.checkers.settings import CheckerSettings
 from reward_service.core.scorer import Scorer
 from reward_service.core.types import RewardRequest, Sample
-from reward_service.mathverify.pool import MathVerifyPool
-from reward_service.mathverify.settings import MathVerifySettings
 from reward_service.rewards.registry import builtin_rewards
 from reward_service.sandbox.runner import open_runner
 from reward_service.sandbox.settings import SandboxSettings
@@ -93,7 +93,7 @@ def peer_params(peer_config: str) -> dict[str, Any]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def scorer():
-    pool = MathVerifyPool(MathVerifySettings(workers=2, deadline_s=20))
+    pool = CheckerPool(CheckerSettings(workers=2, deadline_s=20))
     await pool.start()
     sandbox, status = await open_runner(SandboxSettings(wall_timeout_s=10, concurrency=4))
     assert sandbox is not None, f"the code cases need the sandbox: {status}"

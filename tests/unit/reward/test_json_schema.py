@@ -8,10 +8,11 @@ import time
 import pytest
 import pytest_asyncio
 
+from reward_service.checkers.json_schema import extract_json, partial_credit
+from reward_service.checkers.pool import CheckerPool
+from reward_service.checkers.settings import CheckerSettings
 from reward_service.core.types import Sample
-from reward_service.mathverify.pool import MathVerifyPool
-from reward_service.mathverify.settings import MathVerifySettings
-from reward_service.rewards.json_schema import JsonSchemaReward, extract_json, partial_credit
+from reward_service.rewards.json_schema import JsonSchemaReward
 from reward_service.rewards.params import resolve_params
 
 SCHEMA = {
@@ -27,7 +28,7 @@ SCHEMA = {
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def pool():
-    p = MathVerifyPool(MathVerifySettings(workers=1, deadline_s=2))
+    p = CheckerPool(CheckerSettings(workers=1, deadline_s=2))
     await p.start()
     yield p
     await p.close()

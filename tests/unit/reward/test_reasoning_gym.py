@@ -11,18 +11,18 @@ import pytest
 import pytest_asyncio
 import reasoning_gym
 
+from reward_service.checkers.pool import CheckerPool
+from reward_service.checkers.reasoning_gym import score_entry
+from reward_service.checkers.reasoning_gym_tasks import offered_tasks
+from reward_service.checkers.settings import CheckerSettings
 from reward_service.core.types import Message, Sample
-from reward_service.mathverify.pool import MathVerifyPool
-from reward_service.mathverify.settings import MathVerifySettings
 from reward_service.rewards.params import resolve_params
 from reward_service.rewards.reasoning_gym import (
     PARAMS,
     ReasoningGymReward,
     extract_answer,
     reasoning_gym_rewards,
-    score_entry,
 )
-from reward_service.rewards.reasoning_gym_tasks import offered_tasks
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -33,7 +33,7 @@ ENDLESS_RUSH_HOUR = "<answer>A+1000000000000000</answer>"
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def pool():
-    p = MathVerifyPool(MathVerifySettings(workers=2, deadline_s=DEADLINE_S, memory_mb=128))
+    p = CheckerPool(CheckerSettings(workers=2, deadline_s=DEADLINE_S, memory_mb=128))
     await p.start()
     yield p
     await p.close()
@@ -54,7 +54,7 @@ def gold(task: str, index: int = 0) -> str:
     return reasoning_gym.create_dataset(task, size=index + 1, seed=7)[index]["answer"]
 
 
-async def score(task: str, samples: list[Sample], pool: MathVerifyPool, **params) -> list:
+async def score(task: str, samples: list[Sample], pool: CheckerPool, **params) -> list:
     reward = ReasoningGymReward(task, pool)
     return await reward.score(samples, resolve_params(PARAMS, params, "rewards[0].params"))
 
@@ -139,7 +139,7 @@ async def test_metadata_that_sizes_the_work_is_bounded_and_named(pool):
 async def test_a_job_past_the_memory_limit_is_an_error_naming_it_and_the_worker_stays(pool):
     replaced = pool.replaced
     value, error = await pool.run(operator.mul, "x", 1 << 30, key="memory")  # a GiB string
-    assert value is None and "memory limit of 128 MiB (mathverify.memory_mb)" in error
+    assert value is None and "memory limit of 128 MiB (checkers.memory_mb)" in error
     assert pool.replaced == replaced  # MemoryError unwinds; nothing had to be killed
     task = "leg_counting"
     results = await score(task, [entry_sample(task, f"<answer>{gold(task)}</answer>")], pool)
@@ -160,7 +160,7 @@ async def test_an_endless_score_answer_is_killed_and_replaced_while_other_sample
     assert not stuck.done()
     (result,) = await stuck
     assert result.value is None
-    assert f"per-sample deadline of {DEADLINE_S:g}s (mathverify.deadline_s)" in result.error
+    assert f"per-sample deadline of {DEADLINE_S:g}s (checkers.deadline_s)" in result.error
     assert pool.replaced == replaced + 1
     for _ in range(600):
         if pool.alive == pool.size:

@@ -8,7 +8,7 @@ import pytest
 import reasoning_gym
 from reasoning_gym.factory import CURRICULA, DATASETS
 
-from reward_service.rewards.reasoning_gym_tasks import (
+from reward_service.checkers.reasoning_gym_tasks import (
     METADATA_SLACK,
     BoundsError,
     check_config,

@@ -9,10 +9,10 @@ import pytest
 import pytest_asyncio
 
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from reward_service.checkers.pool import CheckerPool
+from reward_service.checkers.settings import CheckerSettings
 from reward_service.core.scorer import ScoreLimits, Scorer, combine
 from reward_service.core.types import ComponentResult, Message, RewardRequest, Sample
-from reward_service.mathverify.pool import MathVerifyPool
-from reward_service.mathverify.settings import MathVerifySettings
 from reward_service.models.registry import ModelRegistry
 from reward_service.models.settings import ModelSettings
 from reward_service.rewards.registry import builtin_rewards
@@ -26,7 +26,7 @@ SLEEPER = "```python\nimport time\ntime.sleep(0.8)\nprint('ok')\n```"
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def pool():
-    p = MathVerifyPool(MathVerifySettings(workers=2, deadline_s=10))
+    p = CheckerPool(CheckerSettings(workers=2, deadline_s=10))
     await p.start()
     yield p
     await p.close()

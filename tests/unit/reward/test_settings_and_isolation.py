@@ -19,8 +19,8 @@ from reward_service.settings import load_settings
 def test_settings_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"sandbox\.memory_mb"):
         load_settings({"sandbox": {"memory_mb": "lots"}})
-    with pytest.raises(ConfigError, match=r"mathverify\.nope"):
-        load_settings({"mathverify": {"nope": 1}})
+    with pytest.raises(ConfigError, match=r"checkers\.nope"):
+        load_settings({"checkers": {"nope": 1}})
     with pytest.raises(ConfigError, match="surprise"):
         load_settings({"surprise": True})
     assert load_settings({"max_samples": 10}).max_samples == 10

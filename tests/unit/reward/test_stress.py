@@ -6,11 +6,11 @@ import pytest
 import pytest_asyncio
 
 from grpo_runtime.errors import InvalidArgument, ResourceExhausted
+from reward_service.checkers.pool import CheckerPool
+from reward_service.checkers.settings import CheckerSettings
 from reward_service.core.scorer import ScoreLimits, Scorer
 from reward_service.core.stress import ATTACK_NAMES, StressLimits, stress
 from reward_service.core.types import Message, RewardRequest, Sample
-from reward_service.mathverify.pool import MathVerifyPool
-from reward_service.mathverify.settings import MathVerifySettings
 from reward_service.rewards.registry import builtin_rewards
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -25,7 +25,7 @@ REFERENCE = Sample(
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def scorer():
-    pool = MathVerifyPool(MathVerifySettings(workers=2, deadline_s=10))
+    pool = CheckerPool(CheckerSettings(workers=2, deadline_s=10))
     await pool.start()
     yield Scorer(builtin_rewards(pool, None, False, "off"), None, max_concurrent=4, limits=ScoreLimits())
     await pool.close()

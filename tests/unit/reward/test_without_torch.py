@@ -12,7 +12,7 @@ from reward_service.server import ModelRegistry, start_reward_service
 from reward_service.settings import RewardSettings
 
 async def main():
-    service = await start_reward_service(RewardSettings.model_validate({"mathverify": {"workers": 1}}))
+    service = await start_reward_service(RewardSettings.model_validate({"checkers": {"workers": 1}}))
     try:
         names = [b.name for b in service.bindings()]
         described = [r.name for r in service.scorer.describe()]

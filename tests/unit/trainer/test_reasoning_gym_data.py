@@ -8,9 +8,9 @@ import json
 import pytest
 import reasoning_gym
 
+from reward_service.checkers.pool import CheckerPool
+from reward_service.checkers.settings import CheckerSettings
 from reward_service.client import trl_samples
-from reward_service.mathverify.pool import MathVerifyPool
-from reward_service.mathverify.settings import MathVerifySettings
 from reward_service.rewards.params import resolve_params
 from reward_service.rewards.reasoning_gym import PARAMS, ReasoningGymReward
 from trainer_service.config.run_config import parse_config
@@ -64,7 +64,7 @@ def test_rows_score_through_the_reward_as_the_trainer_sends_them(tmp_path):
     samples = trl_samples(batch["prompt"], completions, None, columns)
 
     async def scored():
-        pool = MathVerifyPool(MathVerifySettings(workers=1, standby=False))
+        pool = CheckerPool(CheckerSettings(workers=1, standby=False))
         await pool.start()
         try:
             return await ReasoningGymReward("leg_counting", pool).score(

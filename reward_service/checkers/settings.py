@@ -1,4 +1,4 @@
-"""Settings of the checker worker pool (the ``mathverify:`` block of the reward service config): it runs
+"""Settings of the checker worker pool (the ``checkers:`` block of the reward service config): it runs
 math-verify, JSON-schema validation and reasoning-gym's scoring."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class MathVerifySettings(BaseModel):
-    """Worker processes, deadlines (seconds) and memory limit of answer checking."""
+class CheckerSettings(BaseModel):
+    """Worker processes, deadlines (seconds) and memory limit of the checker pool."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -4,9 +4,9 @@ A job is a module-level function and its arguments, ``(function, args)``, pickle
 pickle by name: the worker imports the function's module); the function returns ``(value, error)``. Every
 job may take unbounded CPU or memory on hostile input and therefore runs where a hard deadline can kill it
 and an address-space limit stops it (see ``serve``): math-verify answers (``check_answer``, SymPy),
-JSON-schema validation against a sample's own schema (``check_json_schema``: its ``pattern``s are
-user-supplied regular expressions; Python's ``re`` can backtrack for hours and never releases the GIL) and
-reasoning-gym's ``score_answer`` on caller metadata (``reward_service.rewards.reasoning_gym.score_entry``).
+JSON-schema validation against a sample's own schema (``json_schema.check_json_schema``: its ``pattern``s
+are user-supplied regular expressions; Python's ``re`` can backtrack for hours and never releases the GIL)
+and reasoning-gym's ``score_answer`` on caller metadata (``reasoning_gym.score_entry``).
 
 ``check_answer`` checks one sample with the extraction and comparison of a ``MathVerifyOptions`` (see
 ``options``); with ``options.TRL`` it reproduces TRL's ``trl.rewards.accuracy_reward``:
@@ -39,14 +39,14 @@ from typing import Any
 from latex2sympy2_extended import NormalizationConfig
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-from reward_service.mathverify.options import TRL, MathVerifyOptions
-from reward_service.rewards import json_schema
+# The modules of the other jobs are imported here, before the worker says "ready", so that no sample's
+# deadline pays for importing them (reasoning-gym: about a second) and the memory limit is measured with them
+# loaded. The slim image has no reasoning-gym and scores without its tasks.
+from reward_service.checkers import json_schema  # noqa: F401
+from reward_service.checkers.options import TRL, MathVerifyOptions
 
 try:
-    # Imported here, before the worker says "ready", so that no sample's deadline pays for importing
-    # reasoning-gym (about a second) and the memory limit is measured with it loaded. The slim image has no
-    # reasoning-gym and scores without its tasks.
-    from reward_service.rewards import reasoning_gym  # noqa: F401
+    from reward_service.checkers import reasoning_gym  # noqa: F401
 except ModuleNotFoundError as missing:
     if not (missing.name or "").startswith("reasoning_gym"):
         raise
@@ -167,12 +167,6 @@ def check_answer(
     return value, ""
 
 
-def check_json_schema(schema: Any, completion: str, partial: bool) -> Result:
-    """One JSON-schema job: see ``json_schema.check_completion``."""
-    result = json_schema.check_completion(schema, completion, partial)
-    return result.value, result.error
-
-
 def address_space_bytes() -> int:
     """This process's current address space (``VmSize``), in bytes."""
     with open("/proc/self/status", encoding="ascii") as status:
@@ -202,7 +196,7 @@ def _run(job: Job, memory_mb: int | None) -> Result:
     try:
         return function(*args)
     except MemoryError:
-        return None, f"exceeded the checker worker's memory limit of {memory_mb} MiB (mathverify.memory_mb)"
+        return None, f"exceeded the checker worker's memory limit of {memory_mb} MiB (checkers.memory_mb)"
     except RecursionError:
         return None, "input nested too deeply to check"
     except Exception as exc:

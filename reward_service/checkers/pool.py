@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from reward_service.mathverify import worker
-from reward_service.mathverify.options import TRL, MathVerifyOptions
-from reward_service.mathverify.settings import MathVerifySettings
+from reward_service.checkers import json_schema, worker
+from reward_service.checkers.options import TRL, MathVerifyOptions
+from reward_service.checkers.settings import CheckerSettings
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +67,13 @@ class _Job:
 
 
 class _Worker:
-    def __init__(self, settings: MathVerifySettings):
+    def __init__(self, settings: CheckerSettings):
         self.conn, child = _CONTEXT.Pipe()
         self.process: BaseProcess = _CONTEXT.Process(
             target=worker.serve,
             args=(child, settings.niceness, settings.memory_mb),
             daemon=True,
-            name="mathverify-worker",
+            name="checker-worker",
         )
         self.process.start()
         child.close()
@@ -105,11 +105,11 @@ class _Worker:
         self.conn.close()
 
 
-class MathVerifyPool:
+class CheckerPool:
     """``await pool.run(function, *args, key=...)`` → ``(value, error)`` computed in a worker process;
     ``check`` (math-verify) and ``check_json_schema`` are such jobs."""
 
-    def __init__(self, settings: MathVerifySettings):
+    def __init__(self, settings: CheckerSettings):
         self.settings = settings
         self._queues: list[collections.deque[_Job]] = [collections.deque() for _ in range(settings.workers)]
         self._job_ready = asyncio.Event()
@@ -140,7 +140,7 @@ class MathVerifyPool:
         self._workers = list(workers)
         self._drivers = [asyncio.ensure_future(self._drive(i)) for i in range(len(workers))]
         self._start_standby()
-        log.info("math-verify pool: %d worker processes", len(workers))
+        log.info("checker pool: %d worker processes", len(workers))
 
     def _start_standby(self) -> None:
         """Spawns the next replacement ahead of need (``standby`` setting), so that a killed worker's slot
@@ -157,7 +157,7 @@ class MathVerifyPool:
                 self._standby = standby  # still starting: close() collects it
                 raise
             except Exception:
-                log.exception("math-verify standby worker failed to start; spawning another")
+                log.exception("checker standby worker failed to start; spawning another")
             else:
                 self._start_standby()
                 return w
@@ -175,7 +175,7 @@ class MathVerifyPool:
             raise
         try:
             if await w.receive(STARTUP_TIMEOUT_S) != "ready":
-                raise RuntimeError("math-verify worker sent an unexpected greeting")
+                raise RuntimeError("checker worker sent an unexpected greeting")
         except BaseException:
             w.kill()
             raise
@@ -200,7 +200,7 @@ class MathVerifyPool:
     ) -> tuple[float | None, str]:
         """Validates one completion against a sample's schema; see ``json_schema.check_completion``."""
         return await self.run(
-            worker.check_json_schema, schema, completion, partial, key=completion, deadline_s=deadline_s
+            json_schema.check_json_schema, schema, completion, partial, key=completion, deadline_s=deadline_s
         )
 
     async def run(
@@ -215,7 +215,7 @@ class MathVerifyPool:
         by name) returning ``(value, error)``; its arguments pickle by value. Jobs of equal ``key`` wait in
         the same worker's queue, so they meet that worker's caches."""
         if self._closed:
-            raise RuntimeError("math-verify pool is closed")
+            raise RuntimeError("checker pool is closed")
         job = _Job(
             pickle.dumps((function, args), protocol=pickle.HIGHEST_PROTOCOL),
             deadline_s or self.settings.deadline_s,
@@ -252,7 +252,7 @@ class MathVerifyPool:
         finally:
             for job in in_pipe:
                 if not job.result.done():
-                    job.result.set_result((None, "math-verify pool closed"))
+                    job.result.set_result((None, "checker pool closed"))
 
     async def _drive_loop(self, slot: int, in_pipe: collections.deque[_Job]) -> None:
         head_started = 0.0
@@ -262,7 +262,7 @@ class MathVerifyPool:
                 try:
                     w = self._workers[slot] = await self._replacement()
                 except Exception:
-                    log.exception("could not replace math-verify worker %d; retrying", slot)
+                    log.exception("could not replace checker worker %d; retrying", slot)
                     await asyncio.sleep(1.0)
                     continue
             if not in_pipe:
@@ -294,7 +294,7 @@ class MathVerifyPool:
                 self._retire(
                     slot,
                     in_pipe,
-                    f"exceeded the per-sample deadline of {head.deadline_s:g}s (mathverify.deadline_s); "
+                    f"exceeded the per-sample deadline of {head.deadline_s:g}s (checkers.deadline_s); "
                     "its worker was killed and replaced",
                     value=self.settings.timeout_value,
                 )
@@ -355,5 +355,5 @@ class MathVerifyPool:
         for queue in self._queues:
             for job in queue:
                 if not job.result.done():
-                    job.result.set_result((None, "math-verify pool closed"))
+                    job.result.set_result((None, "checker pool closed"))
             queue.clear()
