@@ -1,6 +1,9 @@
-"""The trainer service's layering, checked on the source (AST) and on a fresh interpreter.
+"""Each service's layering, checked on the source (AST) and on a fresh interpreter.
 
-Layers, lowest first; a module may import its own layer and the ones below, never one above:
+Layers, lowest first; a module may import its own layer and the ones below, never one above (longest prefix
+wins: ``trainer_service.core.types`` is layer 0 although ``trainer_service.core`` is layer 4).
+
+trainer_service:
 
     0  config/, core/types.py, settings.py      plain configuration and domain types (no torch, TRL, gRPC)
     1  local/, client.py                         starting local services, the progress bar; TrainerClient
@@ -9,6 +12,35 @@ Layers, lowest first; a module may import its own layer and the ones below, neve
     4  core/ (runs, worker)                      runs in worker processes
     5  api/                                      servicer and protobuf converters
     6  server.py, cli.py, check.py, __main__.py  entry points
+
+reward_service:
+
+    0  core/types.py                             domain types
+    1  checkers/, sandbox/                       killable worker processes: math-verify, JSON schema,
+                                                 reasoning-gym scoring; the code sandbox (they run jobs,
+                                                 and know no reward)
+    2  rewards/                                  the rule rewards, each submitting its jobs to layer 1
+    3  judges/, models/                          remote judges, reward models
+    4  core/ (scorer, stress, bounds)            scoring a request over the rewards
+    5  environments/                             tool environments (episodes score through the scorer)
+    6  codec.py, api/, client.py, adapters/      protobuf <-> domain, servicers; RewardClient and verl's
+    7  http/                                     OpenRLHF's HTTP protocol
+    8  settings.py, server.py, cli.py, __main__  the config model of every block, assembly, entry points
+
+rollout_service:
+
+    0  types.py, payload.py, confined_files.py,  domain types, the weight payload codec, confined file access
+       settings.py
+    1  memory.py, weights.py                     process memory; weight validation against the model
+    2  engines/                                  generation engines (HF, vLLM) behind engines/base.py
+    3  core/                                     the data plane over an engine (core imports engines, never
+                                                 the other way round: engines see core's UpdatePause through
+                                                 the engines.base.UpdatePause protocol)
+    4  codec.py, weight_codec.py, api/, client.py  protobuf <-> domain, the servicer; RolloutClient
+    5  server.py, __main__.py                    assembly, entry point
+
+And in all three: no import cycle between modules (module-level imports; ``if TYPE_CHECKING:`` ones are
+for annotations only and do not count).
 """
 
 from __future__ import annotations
@@ -22,9 +54,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+SERVICES = ("reward_service", "rollout_service", "trainer_service")
 PACKAGE = ROOT / "trainer_service"
 
-# Longest prefix wins: trainer_service.core.types is layer 0 although trainer_service.core is layer 4.
 LAYERS = {
     "trainer_service": 0,
     "trainer_service.config": 0,
@@ -40,6 +72,39 @@ LAYERS = {
     "trainer_service.cli": 6,
     "trainer_service.check": 6,
     "trainer_service.__main__": 6,
+    "reward_service": 0,
+    "reward_service.core.types": 0,
+    "reward_service.checkers": 1,
+    "reward_service.sandbox": 1,
+    "reward_service.rewards": 2,
+    "reward_service.judges": 3,
+    "reward_service.models": 3,
+    "reward_service.core": 4,
+    "reward_service.environments": 5,
+    "reward_service.codec": 6,
+    "reward_service.api": 6,
+    "reward_service.client": 6,
+    "reward_service.adapters": 6,
+    "reward_service.http": 7,
+    "reward_service.settings": 8,
+    "reward_service.server": 8,
+    "reward_service.cli": 8,
+    "reward_service.__main__": 8,
+    "rollout_service": 0,
+    "rollout_service.types": 0,
+    "rollout_service.payload": 0,
+    "rollout_service.confined_files": 0,
+    "rollout_service.settings": 0,
+    "rollout_service.memory": 1,
+    "rollout_service.weights": 1,
+    "rollout_service.engines": 2,
+    "rollout_service.core": 3,
+    "rollout_service.codec": 4,
+    "rollout_service.weight_codec": 4,
+    "rollout_service.api": 4,
+    "rollout_service.client": 4,
+    "rollout_service.server": 5,
+    "rollout_service.__main__": 5,
 }
 HEAVY = ("torch", "trl", "transformers", "peft", "accelerate", "datasets", "vllm")
 
@@ -68,32 +133,192 @@ def imports(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+def is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def module_level_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported module) of the imports that run when the module is imported: at module level, in
+    ``try``/``if`` blocks there, but not inside functions or classes, nor under ``if TYPE_CHECKING:``."""
+    found: list[tuple[int, str]] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                found.extend((node.lineno, alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                found.extend((node.lineno, f"{node.module}.{alias.name}") for alias in node.names)
+            elif isinstance(node, ast.If):
+                if not is_type_checking(node.test):
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                for block in (node.body, *(h.body for h in node.handlers), node.orelse, node.finalbody):
+                    visit(block)
+
+    visit(ast.parse(path.read_text(), filename=str(path)).body)
+    return found
+
+
+ALL_MODULES = {
+    module_name(path): path for service in SERVICES for path in sorted((ROOT / service).rglob("*.py"))
+}
+MODULES = {module: path for module, path in ALL_MODULES.items() if module.split(".")[0] == "trainer_service"}
 
 
 def own(imported: str) -> str | None:
-    """The trainer_service module an import names (``from mod import name`` may name a function: mod)."""
-    if not imported.startswith("trainer_service"):
+    """The module of one of the services an import names (``from mod import name`` may name a function:
+    mod)."""
+    if imported.split(".")[0] not in SERVICES:
         return None
-    while imported not in MODULES and "." in imported:
+    while imported not in ALL_MODULES and "." in imported:
         imported = imported.rsplit(".", 1)[0]
     return imported
 
 
+def same_service(a: str, b: str) -> bool:
+    return a.split(".")[0] == b.split(".")[0]
+
+
 def test_every_module_has_a_layer():
-    assert MODULES
-    for module in MODULES:
+    for service in SERVICES:
+        assert any(module.split(".")[0] == service for module in ALL_MODULES), service
+    for module in ALL_MODULES:
         layer(module)  # raises when no prefix matches
 
 
-@pytest.mark.parametrize("module", sorted(MODULES))
+@pytest.mark.parametrize("module", sorted(ALL_MODULES))
 def test_no_module_imports_a_higher_layer(module):
     upward = []
-    for line, imported in imports(MODULES[module]):
+    for line, imported in imports(ALL_MODULES[module]):
         target = own(imported)
-        if target is not None and layer(target) > layer(module):
+        if target is not None and same_service(target, module) and layer(target) > layer(module):
             upward.append(f"line {line}: {target} (layer {layer(target)})")
     assert not upward, f"{module} (layer {layer(module)}) imports upward: {upward}"
+
+
+ENGINES = sorted(m for m in ALL_MODULES if m.startswith("rollout_service.engines."))
+
+
+@pytest.mark.parametrize("module", ENGINES)
+def test_rollout_engines_never_import_the_core(module):
+    """The core drives an engine (``core -> engines``); an engine sees only the types, weights and the
+    ``engines.base`` interface, so it can be changed, or a new one written, without reading the core."""
+    core = [
+        f"line {line}: {imported}"
+        for line, imported in imports(ALL_MODULES[module])
+        if (imported + ".").startswith("rollout_service.core.")
+    ]
+    assert not core, f"{module} imports the core: {core}"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of the services that importing it imports (module-level, see above),
+    including the packages above each (importing ``a.b.c`` runs ``a/b/__init__.py`` first)."""
+    graph: dict[str, set[str]] = {}
+    for module, path in ALL_MODULES.items():
+        targets = set()
+        for _, imported in module_level_imports(path):
+            target = own(imported)
+            while target is not None:
+                if target in ALL_MODULES and target != module:
+                    targets.add(target)
+                target = target.rsplit(".", 1)[0] if "." in target else None
+        graph[module] = targets
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component of more than one module (Tarjan's algorithm), each as a closed
+    path through it."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def connect(start: str) -> None:
+        # Iterative depth-first search: (module, its remaining successors).
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        while work:
+            module, successors = work[-1]
+            for target in successors:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in stack:
+                    low[module] = min(low[module], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[module])
+                if low[module] == index[module]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        component.append(member)
+                        if member == module:
+                            break
+                    if len(component) > 1:
+                        cycles.append(closed_path(graph, set(component)))
+
+    for module in sorted(graph):
+        if module not in index:
+            connect(module)
+    return cycles
+
+
+def closed_path(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    """A cycle inside ``component`` from its first module back to it (breadth-first, so a shortest one)."""
+    start = min(component)
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for module in frontier:
+            for target in sorted(graph[module] & component):
+                if target == start:
+                    path = [module]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return [*reversed(path), start]
+                if target not in came_from:
+                    came_from[target] = module
+                    following.append(target)
+        frontier = following
+    raise AssertionError(f"no cycle through {start}")
+
+
+def test_no_import_cycles():
+    cycles = import_cycles(import_graph())
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_the_cycle_check_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert import_cycles(graph) == [["a", "b", "c", "a"]]
+
+
+def test_type_checking_imports_are_not_module_level(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import typing\n"
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import reward_service.checkers.pool\n"
+        "if typing.TYPE_CHECKING:\n    import reward_service.rewards\n"
+        "try:\n    import rollout_service.types\nexcept ImportError:\n    pass\n"
+        "def f():\n    import trainer_service.core\n"
+    )
+    assert [imported for _, imported in module_level_imports(source)] == [
+        "typing",
+        "typing.TYPE_CHECKING",
+        "rollout_service.types",
+    ]
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) == 0))
