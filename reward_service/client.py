@@ -19,11 +19,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from google.protobuf import json_format
 from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 
 from grpo_runtime.client import ChannelConfig, ServiceClient
 from grpo_runtime.prompt_groups import prompt_runs
+from reward_service import codec
 from reward_service.core.types import (
     ComponentResult,
     Message,
@@ -164,13 +164,13 @@ class RewardClient(ServiceClient):
 
     def score(self, samples: Sequence[Sample], rewards: Sequence[RewardSpecLike]) -> list[SampleResult]:
         """Scores ``samples`` with ``rewards``; one result per sample, in order."""
-        request = _score_request_message(samples, [to_reward_request(r) for r in rewards])
-        return _sample_results(self._call("Score", request))
+        request = codec.encode_score_request(samples, [to_reward_request(r) for r in rewards])
+        return codec.decode_score_response(self._call("Score", request))
 
     def list_rewards(self) -> list[RewardDescription]:
         """Every reward the service offers (rule rewards, loaded models), in the service's order."""
         response = self._call("ListRewards", reward_pb2.ListRewardsRequest())
-        return [_reward_description(info) for info in response.rewards]
+        return codec.decode_list_rewards_response(response)
 
     def as_reward_func(self, spec: RewardSpecLike) -> TrlRewardFunction:
         """A TRL reward function computing ``spec``; its ``__name__`` is the reward name, so TRL logs
@@ -202,72 +202,3 @@ class TrlRewardFunction:
         if callable(log_extra) and any(errors):
             log_extra(f"{self.__name__}_error", errors)
         return [result.reward for result in results]
-
-
-# protobuf ↔ domain for the client's side of each message: request from domain objects, response read back.
-# (The server's side of the same messages is reward_service.api.convert, which this client does not import.)
-
-
-def _sample_message(s: Sample) -> reward_pb2.Sample:
-    message = reward_pb2.Sample(
-        id=s.id, completion=s.completion, completion_ids=list(s.completion_ids), group=s.group
-    )
-    for m in s.prompt:
-        message.prompt.add(role=m.role, content=m.content)
-    if s.metadata:
-        message.metadata.update(s.metadata)
-    return message
-
-
-def _score_request_message(
-    samples: Sequence[Sample], rewards: Sequence[RewardRequest]
-) -> reward_pb2.ScoreRequest:
-    request = reward_pb2.ScoreRequest(samples=[_sample_message(s) for s in samples])
-    for r in rewards:
-        spec = request.rewards.add(name=r.name, weight=r.weight)
-        if r.params:
-            spec.params.update(r.params)
-    return request
-
-
-def _sample_results(response: reward_pb2.ScoreResponse) -> list[SampleResult]:
-    return [
-        SampleResult(
-            id=score.id,
-            reward=score.reward if score.HasField("reward") else None,
-            components=[
-                (
-                    c.name,
-                    ComponentResult(
-                        value=c.value if c.HasField("value") else None,
-                        step_scores=list(c.step_scores),
-                        error=c.error,
-                    ),
-                )
-                for c in score.components
-            ],
-        )
-        for score in response.scores
-    ]
-
-
-def _reward_description(info: reward_pb2.RewardInfo) -> RewardDescription:
-    return RewardDescription(
-        name=info.name,
-        description=info.description,
-        params=tuple(
-            ParamInfo(
-                name=p.name,
-                type=p.type,
-                default=json_format.MessageToDict(p.default_value) if p.HasField("default_value") else None,
-                description=p.description,
-            )
-            for p in info.params
-        ),
-        required_metadata=tuple(info.required_metadata),
-        min_value=info.min_value if info.HasField("min_value") else None,
-        max_value=info.max_value if info.HasField("max_value") else None,
-        group_aware=info.group_aware,
-        available=info.available,
-        status=info.status,
-    )

@@ -41,50 +41,70 @@ whole generation step instead (:mod:`trainer_service.rollout.service_rollout`).
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import torch
-from grpo.common.v1 import common_pb2
 from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
 from grpo_runtime.client import ChannelConfig, ServiceClient
-from rollout_service.core.weight_channel import (
-    DEFAULT_BUCKET_BYTES,
-    BucketFiles,
-    BucketPlan,
-    ChannelApplied,
-    fill_bucket,
-    plan_buckets,
-    shares_directory,
-)
-from rollout_service.engines.torch_group import BroadcastGroup, GroupSpec
-from rollout_service.payload import EncodedPayload, encode
+from rollout_service import codec
+from rollout_service.codec import Prompt
 from rollout_service.types import (
     CompletionResult,
     EpisodeSpec,
     FinishReason,
-    MemoryUsage,
     SleepResult,
     StatusInfo,
-    TurnSpan,
     WakeResult,
     WeightFormat,
     WeightsApplied,
     WeightTransport,
 )
-from rollout_service.weights import adapter_dir_payload
+
+if TYPE_CHECKING:  # at run time, the module __getattr__ below
+    import torch
+
+    from rollout_service.core.weight_channel import (
+        DEFAULT_BUCKET_BYTES,
+        BucketFiles,
+        BucketPlan,
+        ChannelApplied,
+        fill_bucket,
+        plan_buckets,
+        shares_directory,
+    )
+    from rollout_service.engines.torch_group import BroadcastGroup, GroupSpec
+    from rollout_service.payload import EncodedPayload, encode
 
 # Measured on loopback with grpcio 1.85 (bare bytes between two processes, no Python work per
 # message): 256 KiB-2 MiB messages stream at ~1.0-1.1 GB/s, 4-16 MiB ones at 0.5-0.8 GB/s.
 CHUNK_BYTES = 2 * 1024 * 1024
 UPDATE_WEIGHTS = "/grpo.rollout.v1.RolloutService/UpdateWeights"
-# WeightChunk.data is field 6, wire type 2 (length-delimited): tag byte (6 << 3) | 2.
-DATA_TAG = b"\x32"
-SAMPLING_FIELDS = frozenset(rollout_pb2.SamplingParams.DESCRIPTOR.fields_by_name)
-Prompt = str | Sequence[Mapping[str, str]] | Sequence[int]
+
+# What a weight push needs and this module re-exports for the trainer, by the module defining it. Each of
+# those modules imports torch (seconds, and a CUDA context's worth of memory on a GPU machine), so they
+# are imported at the first weight push or the first use of the name (module ``__getattr__``), never by
+# importing this module: a client that only generates or reads the status loads no torch.
+TORCH_SIDE = {
+    "DEFAULT_BUCKET_BYTES": "rollout_service.core.weight_channel",
+    "BucketFiles": "rollout_service.core.weight_channel",
+    "BucketPlan": "rollout_service.core.weight_channel",
+    "ChannelApplied": "rollout_service.core.weight_channel",
+    "ChannelManifest": "rollout_service.core.weight_channel",
+    "fill_bucket": "rollout_service.core.weight_channel",
+    "plan_buckets": "rollout_service.core.weight_channel",
+    "shares_directory": "rollout_service.core.weight_channel",
+    "BroadcastGroup": "rollout_service.engines.torch_group",
+    "GroupSpec": "rollout_service.engines.torch_group",
+    "EncodedPayload": "rollout_service.payload",
+    "encode": "rollout_service.payload",
+    "adapter_dir_payload": "rollout_service.weights",
+}
+WEIGHT_CODEC = "rollout_service.weight_codec"
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
@@ -107,6 +127,22 @@ __all__ = [
     "plan_buckets",
     "shares_directory",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The torch-side names of ``__all__`` (:data:`TORCH_SIDE`), imported at their first use."""
+    if name in TORCH_SIDE:
+        return _torch_side(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _torch_side(name: str) -> Any:
+    return getattr(importlib.import_module(TORCH_SIDE[name]), name)
+
+
+def _weight_codec() -> ModuleType:
+    """:mod:`rollout_service.weight_codec`, imported at the first weight push (it imports torch)."""
+    return importlib.import_module(WEIGHT_CODEC)
 
 
 class RolloutClient(ServiceClient):
@@ -133,8 +169,8 @@ class RolloutClient(ServiceClient):
         self._chunk_bytes = chunk_bytes
 
     def _update_weights(self, chunks: Iterator[bytes], timeout: float | None) -> Any:
-        """UpdateWeights with chunks encoded here (see _encoded_chunks): the generated stub would
-        copy every chunk into a message and again when serializing it."""
+        """UpdateWeights with chunks serialized by the codec (``encode_weight_chunks``): the generated
+        stub would copy every chunk into a message and again when serializing it."""
         rpc = self.channel.stream_unary(
             UPDATE_WEIGHTS,
             request_serializer=None,
@@ -162,17 +198,15 @@ class RolloutClient(ServiceClient):
         ``continue_across_updates``: a weight update during the call pauses it at a token boundary
         instead of waiting for it (``CompletionResult.token_versions`` says which version sampled what).
         """
-        request = rollout_pb2.GenerateRequest(
-            prompts=[
-                _prompt(p, prompt_ids[i] if prompt_ids else str(i), episodes[i] if episodes else None)
-                for i, p in enumerate(prompts)
-            ],
-            n=n,
-            sampling=_sampling(sampling or {}),
+        request = codec.encode_generate_request(
+            prompts,
+            n,
+            sampling or {},
+            prompt_ids=prompt_ids,
+            episodes=episodes,
             continue_across_updates=continue_across_updates,
         )
-        response = self._call("Generate", request, timeout_s=timeout_s)
-        return [_completion(c) for c in response.completions]
+        return codec.decode_generate_response(self._call("Generate", request, timeout_s=timeout_s))
 
     # --------------------------------------------------------------- weights
     def push_weights(
@@ -191,30 +225,22 @@ class RolloutClient(ServiceClient):
         ``format``: WeightFormat or "lora" / "state_dict"; ``adapter_config`` is required for LoRA
         (a dict or the adapter_config.json text).
         """
-        if not isinstance(payload, EncodedPayload):
+        encoded_payload = _torch_side("EncodedPayload")
+        if not isinstance(payload, encoded_payload):
             view = memoryview(payload).cast("B")
-            payload = EncodedPayload((view,), len(view), 0)
-        fmt = _weight_format(format)
+            payload = encoded_payload((view,), len(view), 0)
         config_json = (
             json.dumps(adapter_config) if isinstance(adapter_config, Mapping) else adapter_config or ""
         )
-        header = rollout_pb2.WeightChunk(
-            version=version,
-            format=int(fmt),
-            adapter_config_json=config_json,
-            total_bytes=payload.nbytes,
-            sha256=payload.sha256,  # the header goes first, so the whole payload is hashed first
-        )
-        header_bytes = header.SerializeToString()
+        weight_codec = _weight_codec()
+        header = weight_codec.encode_weight_header(payload, version, _weight_format(format), config_json)
         response = self._call(
             self._update_weights,
-            lambda: self._encoded_chunks(payload, header_bytes),
+            lambda: weight_codec.encode_weight_chunks(payload, header, self._chunk_bytes),
             timeout_s=timeout_s,
             what="UpdateWeights",
         )
-        return WeightsApplied(
-            response.policy_version, response.tensors_loaded, response.apply_seconds, response.bytes_received
-        )
+        return codec.decode_update_weights_response(response)
 
     def push_lora(
         self,
@@ -231,7 +257,7 @@ class RolloutClient(ServiceClient):
         if version is None:
             raise ValueError("version is required")
         if isinstance(adapter, str | Path):
-            payload, config_json = adapter_dir_payload(adapter)
+            payload, config_json = _torch_side("adapter_dir_payload")(adapter)
             return self.push_weights(
                 payload,
                 version,
@@ -241,7 +267,7 @@ class RolloutClient(ServiceClient):
             )
         if adapter_config is None:
             raise ValueError("adapter_config is required when pushing LoRA tensors")
-        payload = encode(dict(adapter))
+        payload = _torch_side("encode")(dict(adapter))
         return self.push_weights(
             payload, version, WeightFormat.LORA_ADAPTER, _jsonable(adapter_config), timeout_s=timeout_s
         )
@@ -253,7 +279,7 @@ class RolloutClient(ServiceClient):
 
         The tensors are streamed from their own memory (no serialized copy is built); they must
         not change until this returns."""
-        payload = encode(dict(state_dict))
+        payload = _torch_side("encode")(dict(state_dict))
         return self.push_weights(payload, version, WeightFormat.STATE_DICT, timeout_s=timeout_s)
 
     def load_weights(
@@ -266,12 +292,8 @@ class RolloutClient(ServiceClient):
     ) -> WeightsApplied:
         """Load weights from a directory the server can read (format detected when None)."""
         fmt = WeightFormat.UNSPECIFIED if format is None else _weight_format(format)
-        response = self._call(
-            "LoadWeights",
-            rollout_pb2.LoadWeightsRequest(path=str(path), version=version, format=int(fmt)),
-            timeout_s=timeout_s,
-        )
-        return WeightsApplied(response.policy_version, response.tensors_loaded, response.apply_seconds)
+        request = codec.encode_load_weights_request(str(path), version, fmt)
+        return codec.decode_load_weights_response(self._call("LoadWeights", request, timeout_s=timeout_s))
 
     # ------------------------------------------------------- weight channel
     def open_weight_channel(
@@ -289,16 +311,10 @@ class RolloutClient(ServiceClient):
         torch.distributed group the caller (rank 0) hosts at ``init_method`` (``tcp://host:port``),
         which this call waits for while the caller joins it too (up to ``join_timeout_s``; then
         DeadlineExceededError naming ``timeout_seconds``)."""
-        request = rollout_pb2.OpenWeightChannelRequest(
-            transport=int(transport),
-            init_method=init_method,
-            rank=rank,
-            world_size=world_size,
-            backend=backend,
-            timeout_seconds=join_timeout_s,
-        )
+        group = _torch_side("GroupSpec")(init_method, rank, world_size, backend, join_timeout_s)
+        request = _weight_codec().encode_open_weight_channel(transport, group)
         response = self._call("OpenWeightChannel", request, timeout_s=timeout_s)
-        return WeightTransport(response.transport)
+        return codec.decode_open_weight_channel_response(response)
 
     def push_from_channel(
         self,
@@ -312,33 +328,18 @@ class RolloutClient(ServiceClient):
     ) -> ChannelApplied:
         """UpdateWeightsFromChannel: the manifest of ``plan``, whose bytes are in the shared-memory
         ``bucket_files`` or broadcast on the open group while this call waits."""
-        fmt = _weight_format(format)
-        request = rollout_pb2.UpdateWeightsFromChannelRequest(
+        manifest = _torch_side("ChannelManifest")(
             version=version,
-            format=int(fmt),
+            format=_weight_format(format),
+            tensors=tuple(plan.layouts),
+            bucket_bytes=tuple(plan.bucket_bytes),
             adapter_config_json=_jsonable(adapter_config) if adapter_config is not None else "",
-            tensors=[
-                rollout_pb2.TensorLayout(
-                    name=t.name,
-                    dtype=t.dtype,
-                    shape=t.shape,
-                    bucket=t.bucket,
-                    offset=t.offset,
-                    nbytes=t.nbytes,
-                )
-                for t in plan.layouts
-            ],
-            bucket_bytes=plan.bucket_bytes,
-            bucket_files=list(bucket_files),
+            bucket_files=tuple(bucket_files),
         )
-        r = self._call("UpdateWeightsFromChannel", request, timeout_s=timeout_s)
-        return ChannelApplied(
-            r.policy_version,
-            r.tensors_loaded,
-            r.bytes_received,
-            r.transfer_seconds,
-            r.apply_seconds,
-            _transport(r.transport),
+        weight_codec = _weight_codec()
+        request = weight_codec.encode_channel_manifest(manifest)
+        return weight_codec.decode_channel_applied(
+            self._call("UpdateWeightsFromChannel", request, timeout_s=timeout_s)
         )
 
     def close_weight_channel(self, *, timeout_s: float | None = None) -> None:
@@ -347,125 +348,17 @@ class RolloutClient(ServiceClient):
 
     # ---------------------------------------------------------- sleep/status
     def sleep(self, level: int = 1, *, timeout_s: float | None = None) -> SleepResult:
-        r = self._call("Sleep", rollout_pb2.SleepRequest(level=level), timeout_s=timeout_s)
-        return SleepResult(r.level, _memory(r.memory_before), _memory(r.memory_after))
+        response = self._call("Sleep", rollout_pb2.SleepRequest(level=level), timeout_s=timeout_s)
+        return codec.decode_sleep_response(response)
 
     def wake_up(self, tags: Sequence[str] = (), *, timeout_s: float | None = None) -> WakeResult:
         """Wake ``tags`` ("weights", "kv_cache"); empty = everything."""
-        r = self._call("WakeUp", rollout_pb2.WakeUpRequest(tags=list(tags)), timeout_s=timeout_s)
-        return WakeResult(r.weights_valid, _memory(r.memory), r.wake_seconds)
+        response = self._call("WakeUp", rollout_pb2.WakeUpRequest(tags=list(tags)), timeout_s=timeout_s)
+        return codec.decode_wake_up_response(response)
 
     def status(self, *, timeout_s: float | None = None) -> StatusInfo:
-        r = self._call("GetStatus", rollout_pb2.GetStatusRequest(), timeout_s=timeout_s)
-        return StatusInfo(
-            engine=r.engine,
-            device=r.device,
-            model=r.model,
-            policy_version=r.policy_version,
-            sleep_level=r.sleep_level,
-            sleeping_tags=tuple(r.sleeping_tags),
-            weights_valid=r.weights_valid,
-            memory=_memory(r.memory),
-            max_model_len=r.max_model_len,
-            weight_format=WeightFormat(r.weight_format),
-            weight_transport=_transport(r.weight_transport),
-            weight_transports=tuple(_transport(t) for t in r.weight_transports),
-            weight_shm_dir=r.weight_shm_dir,
-            weight_shm_token=r.weight_shm_token,
-        )
-
-    def _encoded_chunks(self, payload: EncodedPayload, header: bytes) -> Iterator[bytes]:
-        """Serialized WeightChunk messages: the header fields on the first, ``data`` on each.
-
-        Protobuf's wire format is a sequence of fields, so a message is its serialized header
-        fields followed by the ``data`` field written by hand: tag, varint length, the bytes
-        (one copy of each chunk, into the message gRPC sends)."""
-        prefix = header
-        for piece in payload.chunks(self._chunk_bytes):
-            yield b"".join((prefix, DATA_TAG, _varint(len(piece)), piece))
-            prefix = b""
-        if prefix:  # an empty payload: the header alone, for the server to refuse
-            yield prefix
-
-
-def _transport(value: int) -> WeightTransport:
-    """A transport a newer server reports and this client does not know reads as UNSPECIFIED."""
-    try:
-        return WeightTransport(value)
-    except ValueError:
-        return WeightTransport.UNSPECIFIED
-
-
-def _varint(value: int) -> bytes:
-    """Protobuf base-128 varint: 7 bits per byte, least significant first, high bit = more."""
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _prompt(prompt: Prompt, prompt_id: str, episode: EpisodeSpec | None = None) -> rollout_pb2.Prompt:
-    message = rollout_pb2.Prompt(id=prompt_id)
-    if episode is not None:
-        message.episode.CopyFrom(_episode(episode))
-    if isinstance(prompt, str):
-        message.text = prompt
-        return message
-    items = list(prompt)
-    if items and all(isinstance(x, int) for x in items):
-        message.token_ids.extend(items)
-        return message
-    message.messages.extend(
-        common_pb2.ChatMessage(role=m["role"], content=m.get("content") or "") for m in items
-    )
-    return message
-
-
-def _episode(spec: EpisodeSpec) -> rollout_pb2.Episode:
-    message = rollout_pb2.Episode(
-        environment=spec.environment,
-        max_turns=spec.max_turns,
-        max_tool_calls=spec.max_tool_calls,
-        target=spec.target,
-    )
-    message.params.update(spec.params)
-    message.metadata.update(spec.metadata)
-    return message
-
-
-def _sampling(sampling: Mapping[str, Any]) -> rollout_pb2.SamplingParams:
-    unknown = set(sampling) - SAMPLING_FIELDS
-    if unknown:
-        raise ValueError(f"unknown sampling keys {sorted(unknown)}; known: {sorted(SAMPLING_FIELDS)}")
-    values = {k: v for k, v in sampling.items() if v is not None}
-    if "stop" in values and isinstance(values["stop"], str):
-        values["stop"] = [values["stop"]]
-    return rollout_pb2.SamplingParams(**values)
-
-
-def _completion(c: rollout_pb2.Completion) -> CompletionResult:
-    return CompletionResult(
-        prompt_id=c.prompt_id,
-        prompt_token_ids=list(c.prompt_token_ids),
-        token_ids=list(c.token_ids),
-        text=c.text,
-        logprobs=list(c.logprobs),
-        finish_reason=FinishReason(c.finish_reason),
-        policy_version=c.policy_version,
-        tool_mask=list(c.tool_mask),
-        turns=[TurnSpan(t.start, t.end, t.policy_version, t.tool_calls) for t in c.turns],
-        tool_call_count=c.tool_call_count,
-        tool_failure_count=c.tool_failure_count,
-        env_reward=c.env_reward if c.HasField("env_reward") else None,
-        error=c.error,
-        token_versions=list(c.token_versions),
-    )
-
-
-def _memory(m: rollout_pb2.MemoryUsage) -> MemoryUsage:
-    return MemoryUsage(m.rss_bytes, m.cuda_allocated_bytes, m.cuda_reserved_bytes)
+        response = self._call("GetStatus", rollout_pb2.GetStatusRequest(), timeout_s=timeout_s)
+        return codec.decode_status_response(response)
 
 
 def _weight_format(fmt: WeightFormat | str) -> WeightFormat:

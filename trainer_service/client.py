@@ -23,7 +23,8 @@ from collections.abc import Iterator
 from grpo.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
 from grpo_runtime.client import ChannelConfig, ServiceClient
-from trainer_service.core.types import JobEvent, RunInfo, RunState
+from trainer_service import codec
+from trainer_service.core.types import JobEvent, RunInfo
 
 
 class TrainerClient(ServiceClient):
@@ -53,45 +54,15 @@ class TrainerClient(ServiceClient):
         """The run's events from now until it ends (the stream has no deadline unless ``timeout_s``)."""
         messages = self._stream("WatchRun", trainer_pb2.WatchRunRequest(run_id=run_id), timeout_s=timeout_s)
         for message in messages:
-            yield _job_event(message)
+            yield codec.decode_run_event(message)
 
     def get_run(self, run_id: str) -> RunInfo:
-        return _run_info(self._call("GetRun", trainer_pb2.GetRunRequest(run_id=run_id)).run)
+        return codec.decode_run_info(self._call("GetRun", trainer_pb2.GetRunRequest(run_id=run_id)).run)
 
     def stop_run(self, run_id: str) -> RunInfo:
         """Ask the run to stop at its next step; returns its state (STOPPING, or the state it ended in)."""
-        return _run_info(self._call("StopRun", trainer_pb2.StopRunRequest(run_id=run_id)).run)
+        return codec.decode_run_info(self._call("StopRun", trainer_pb2.StopRunRequest(run_id=run_id)).run)
 
     def list_runs(self) -> list[RunInfo]:
-        return [_run_info(info) for info in self._call("ListRuns", trainer_pb2.ListRunsRequest()).runs]
-
-
-# protobuf → domain for the client's side of the messages (the server's side is trainer_service.api.convert).
-
-
-def _run_state(value: int) -> RunState:
-    return RunState[trainer_pb2.RunState.Name(value).removeprefix("RUN_STATE_")]
-
-
-def _job_event(message: trainer_pb2.RunEvent) -> JobEvent:
-    return JobEvent(
-        step=message.step,
-        total_steps=message.total_steps,
-        state=_run_state(message.state),
-        metrics=dict(message.metrics),
-        message=message.message,
-        time=message.time.ToNanoseconds() / 1e9,
-    )
-
-
-def _run_info(message: trainer_pb2.RunInfo) -> RunInfo:
-    return RunInfo(
-        run_id=message.run_id,
-        state=_run_state(message.state),
-        step=message.step,
-        total_steps=message.total_steps,
-        output_dir=message.output_dir,
-        metrics=dict(message.metrics),
-        message=message.message,
-        created_at=message.created_at.ToNanoseconds() / 1e9,
-    )
+        response = self._call("ListRuns", trainer_pb2.ListRunsRequest())
+        return [codec.decode_run_info(info) for info in response.runs]

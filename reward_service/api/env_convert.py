@@ -10,8 +10,8 @@ from grpo.env.v1 import env_pb2
 
 from grpo_runtime.env_types import EnvironmentInfo, Episode, EpisodeReward, StepOutcome, ToolCall
 
-# The reward API's Struct reader: the same NaN and nesting checks, naming the field.
-from reward_service.api.convert import struct_dict
+# The reward codec's Struct reader: the same NaN and nesting checks, naming the field.
+from reward_service.codec import struct_dict
 
 
 def open_request(

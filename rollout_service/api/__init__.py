@@ -1,1 +1,1 @@
-"""gRPC layer: protobuf ↔ domain conversion and the thin servicer."""
+"""gRPC layer: the thin servicer (its conversions are the service's codec, shared with the client)."""

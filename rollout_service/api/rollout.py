@@ -1,7 +1,8 @@
 """The RolloutService servicer: protobuf in, one RolloutCore call, protobuf out.
 
-Errors are domain exceptions (grpo_runtime.errors) mapped to status codes by the runtime's
-interceptor; a cancelled call or exceeded deadline cancels the handler task, which the core's
+The conversions are the service's codec (:mod:`rollout_service.codec`, :mod:`rollout_service.weight_codec`),
+shared with the client. Errors are domain exceptions (grpo_runtime.errors) mapped to status codes by the
+runtime's interceptor; a cancelled call or exceeded deadline cancels the handler task, which the core's
 scheduler turns into a stop of the engine at its next decode step.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
 from grpo_runtime.auth import caller_is_admin
-from rollout_service.api import convert
+from rollout_service import codec, weight_codec
 from rollout_service.core.rollout import RolloutCore
 
 
@@ -19,36 +20,36 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self._core = core
 
     async def Generate(self, request, context) -> rollout_pb2.GenerateResponse:
-        return convert.generate_response(await self._core.generate(convert.generate_request(request)))
+        results = await self._core.generate(codec.decode_generate_request(request))
+        return codec.encode_generate_response(results)
 
     async def UpdateWeights(self, request_iterator, context) -> rollout_pb2.UpdateWeightsResponse:
-        payload = await convert.weight_payload(request_iterator, self._core.max_weight_bytes)
-        return convert.update_weights_response(await self._core.update_weights(payload))
+        payload = await weight_codec.decode_weight_chunks(request_iterator, self._core.max_weight_bytes)
+        return codec.encode_update_weights_response(await self._core.update_weights(payload))
 
     async def LoadWeights(self, request, context) -> rollout_pb2.LoadWeightsResponse:
-        fmt = convert.weight_format(request.format)
-        applied = await self._core.load_weights(request.path, request.version, fmt)
-        return convert.load_weights_response(applied)
+        applied = await self._core.load_weights(*codec.decode_load_weights_request(request))
+        return codec.encode_load_weights_response(applied)
 
     async def Sleep(self, request, context) -> rollout_pb2.SleepResponse:
-        return convert.sleep_response(await self._core.sleep(request.level))
+        return codec.encode_sleep_response(await self._core.sleep(request.level))
 
     async def WakeUp(self, request, context) -> rollout_pb2.WakeUpResponse:
-        return convert.wake_up_response(await self._core.wake_up(list(request.tags)))
+        return codec.encode_wake_up_response(await self._core.wake_up(list(request.tags)))
 
     async def OpenWeightChannel(self, request, context) -> rollout_pb2.OpenWeightChannelResponse:
-        transport = await self._core.open_weight_channel(*convert.open_weight_channel(request))
-        return rollout_pb2.OpenWeightChannelResponse(transport=int(transport))
+        transport = await self._core.open_weight_channel(*weight_codec.decode_open_weight_channel(request))
+        return codec.encode_open_weight_channel_response(transport)
 
     async def UpdateWeightsFromChannel(
         self, request, context
     ) -> rollout_pb2.UpdateWeightsFromChannelResponse:
-        applied = await self._core.update_weights_from_channel(convert.channel_manifest(request))
-        return convert.update_weights_from_channel_response(applied)
+        applied = await self._core.update_weights_from_channel(weight_codec.decode_channel_manifest(request))
+        return weight_codec.encode_channel_applied(applied)
 
     async def CloseWeightChannel(self, request, context) -> rollout_pb2.CloseWeightChannelResponse:
         await self._core.close_weight_channel()
         return rollout_pb2.CloseWeightChannelResponse()
 
     async def GetStatus(self, request, context) -> rollout_pb2.GetStatusResponse:
-        return convert.status_response(self._core.status(), admin=caller_is_admin())
+        return codec.encode_status_response(self._core.status(), admin=caller_is_admin())

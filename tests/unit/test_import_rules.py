@@ -6,11 +6,12 @@ wins: ``trainer_service.core.types`` is layer 0 although ``trainer_service.core`
 trainer_service:
 
     0  config/, core/types.py, settings.py      plain configuration and domain types (no torch, TRL, gRPC)
-    1  local/, client.py                         starting local services, the progress bar; TrainerClient
+    1  local/, codec.py, client.py               starting local services, the progress bar; the protobuf
+                                                 codec (both directions) and TrainerClient, which uses it
     2  rollout/                                  TRL's rollout_func, async prefetch, weight sync, replicas
     3  training/                                 the job, builders, loss variants, importance sampling
     4  core/ (runs, worker)                      runs in worker processes
-    5  api/                                      servicer and protobuf converters
+    5  api/                                      the servicer (converting with codec.py)
     6  server.py, cli.py, check.py, __main__.py  entry points
 
 reward_service:
@@ -63,6 +64,7 @@ LAYERS = {
     "trainer_service.core.types": 0,
     "trainer_service.settings": 0,
     "trainer_service.local": 1,
+    "trainer_service.codec": 1,
     "trainer_service.client": 1,
     "trainer_service.rollout": 2,
     "trainer_service.training": 3,

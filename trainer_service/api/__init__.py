@@ -1,1 +1,1 @@
-"""gRPC layer of the trainer service: the servicer and protobuf ↔ domain converters."""
+"""gRPC layer of the trainer service: the servicer (its conversions are the service's codec)."""

@@ -1,4 +1,5 @@
-"""TrainerService servicer: each RPC converts its request, calls the RunManager once, converts the result."""
+"""TrainerService servicer: each RPC converts its request, calls the RunManager once, converts the result
+(with the service's codec, :mod:`trainer_service.codec`, shared with the client)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import AsyncIterator
 import grpc
 from grpo.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
-from trainer_service.api import convert
+from trainer_service import codec
 from trainer_service.core.runs import RunManager
 
 
@@ -23,15 +24,13 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         self, request: trainer_pb2.WatchRunRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[trainer_pb2.RunEvent]:
         async for event in self._runs.watch(request.run_id):
-            yield convert.run_event_message(request.run_id, event)
+            yield codec.encode_run_event(request.run_id, event)
 
     async def GetRun(self, request: trainer_pb2.GetRunRequest, context: grpc.aio.ServicerContext):
-        return trainer_pb2.GetRunResponse(run=convert.run_info_message(self._runs.get(request.run_id)))
+        return trainer_pb2.GetRunResponse(run=codec.encode_run_info(self._runs.get(request.run_id)))
 
     async def StopRun(self, request: trainer_pb2.StopRunRequest, context: grpc.aio.ServicerContext):
-        return trainer_pb2.StopRunResponse(run=convert.run_info_message(self._runs.stop(request.run_id)))
+        return trainer_pb2.StopRunResponse(run=codec.encode_run_info(self._runs.stop(request.run_id)))
 
     async def ListRuns(self, request: trainer_pb2.ListRunsRequest, context: grpc.aio.ServicerContext):
-        return trainer_pb2.ListRunsResponse(
-            runs=[convert.run_info_message(info) for info in self._runs.list()]
-        )
+        return trainer_pb2.ListRunsResponse(runs=[codec.encode_run_info(info) for info in self._runs.list()])

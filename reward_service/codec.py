@@ -1,30 +1,37 @@
-"""protobuf ↔ domain objects of the reward service (no logic beyond shape).
+"""The reward service's protobuf ↔ domain codec: both directions of each message, used by the servicer
+(:mod:`reward_service.api`) and the client (:mod:`reward_service.client`) alike, so the two cannot drift
+apart. No logic beyond shape.
 
-Reading a request costs time linear in its size and refuses early: a Struct stops converting once it is past
-the size it may have, and a field path is only spelt out for the error that names it (building one per value
-would cost the path's length for every value under it). Callers run :func:`score_request` off the event
-loop: converting a request near the message limit takes seconds of Python.
+``encode_X`` builds message X from domain values, ``decode_X`` reads it back. Reading a request costs time
+linear in its size and refuses early: a Struct stops converting once it is past the size it may have, and a
+field path is only spelt out for the error that names it (building one per value would cost the path's
+length for every value under it). Servicers run :func:`decode_score_request` off the event loop: converting
+a request near the message limit takes seconds of Python.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import json_format, struct_pb2
 from grpo.reward.v1 import reward_pb2
 
 from grpo_runtime.errors import InvalidArgument
-from reward_service.core.scorer import ScoreLimits
-from reward_service.core.stress import StressReport
 from reward_service.core.types import (
+    ComponentResult,
     Message,
+    ParamInfo,
     RewardDescription,
     RewardRequest,
     Sample,
     SampleResult,
 )
+
+if TYPE_CHECKING:  # the server's types: the client imports no more than the domain types above
+    from reward_service.core.scorer import ScoreLimits
+    from reward_service.core.stress import StressReport
 
 # Nesting allowed in metadata and params (objects and lists together). protobuf's decoder already refuses
 # about 48 Struct levels; this keeps what parses within what rewards and JSON tools handle comfortably.
@@ -129,6 +136,7 @@ def _items(value: struct_pb2.ListValue, budget: _Budget, depth: int) -> list[Any
     return items
 
 
+# ------------------------------------------------ Struct (metadata, params)
 def _json_value(value: Any) -> struct_pb2.Value:
     out = struct_pb2.Value()
     if value is None:
@@ -138,7 +146,22 @@ def _json_value(value: Any) -> struct_pb2.Value:
     return out
 
 
-def sample(message: reward_pb2.Sample, index: int, limits: ScoreLimits | None = None) -> Sample:
+# -------------------------------------------------------------------- Sample
+def encode_sample(sample: Sample) -> reward_pb2.Sample:
+    message = reward_pb2.Sample(
+        id=sample.id,
+        completion=sample.completion,
+        completion_ids=list(sample.completion_ids),
+        group=sample.group,
+    )
+    for m in sample.prompt:
+        message.prompt.add(role=m.role, content=m.content)
+    if sample.metadata:
+        message.metadata.update(sample.metadata)
+    return message
+
+
+def decode_sample(message: reward_pb2.Sample, index: int, limits: ScoreLimits | None = None) -> Sample:
     """One Sample. With ``limits`` (the scorer's), what would be past them is refused before it is read:
     the token ids and prompt messages by their counts (a message is at least its role's one character),
     the metadata as soon as its count passes ``max_metadata_chars``."""
@@ -174,31 +197,49 @@ def sample(message: reward_pb2.Sample, index: int, limits: ScoreLimits | None = 
     )
 
 
-def reward_spec(message: reward_pb2.RewardSpec, index: int) -> RewardRequest:
+# ---------------------------------------------------------------- RewardSpec
+def encode_reward_spec(reward: RewardRequest) -> reward_pb2.RewardSpec:
+    message = reward_pb2.RewardSpec(name=reward.name, weight=reward.weight)
+    if reward.params:
+        message.params.update(reward.params)
+    return message
+
+
+def decode_reward_spec(message: reward_pb2.RewardSpec, index: int) -> RewardRequest:
     weight = message.weight if message.HasField("weight") else 1.0
     return RewardRequest(
         name=message.name, weight=weight, params=struct_dict(message.params, f"rewards[{index}].params")
     )
 
 
-def score_request(
-    message: reward_pb2.ScoreRequest, limits: ScoreLimits | None = None
-) -> tuple[list[Sample], list[RewardRequest]]:
-    """(samples, rewards), each sample read only within ``limits`` (:func:`sample`); linear in the
-    request's size, seconds of Python near the message limit, so servicers call it off the event loop
-    after checking the counts."""
-    return (
-        [sample(s, i, limits) for i, s in enumerate(message.samples)],
-        [reward_spec(r, i) for i, r in enumerate(message.rewards)],
+# -------------------------------------------------------------- ScoreRequest
+def encode_score_request(
+    samples: Iterable[Sample], rewards: Iterable[RewardRequest]
+) -> reward_pb2.ScoreRequest:
+    return reward_pb2.ScoreRequest(
+        samples=[encode_sample(s) for s in samples], rewards=[encode_reward_spec(r) for r in rewards]
     )
 
 
+def decode_score_request(
+    message: reward_pb2.ScoreRequest, limits: ScoreLimits | None = None
+) -> tuple[list[Sample], list[RewardRequest]]:
+    """(samples, rewards), each sample read only within ``limits`` (:func:`decode_sample`); linear in the
+    request's size, seconds of Python near the message limit, so servicers call it off the event loop
+    after checking the counts."""
+    return (
+        [decode_sample(s, i, limits) for i, s in enumerate(message.samples)],
+        [decode_reward_spec(r, i) for i, r in enumerate(message.rewards)],
+    )
+
+
+# ------------------------------------------------------------- ScoreResponse
 def _finite(value: float | None) -> float | None:
     # A NaN/inf would poison the trainer's statistics; such a component is reported as having no value.
     return value if value is not None and math.isfinite(value) else None
 
 
-def score_response(results: Sequence[SampleResult]) -> reward_pb2.ScoreResponse:
+def encode_score_response(results: Sequence[SampleResult]) -> reward_pb2.ScoreResponse:
     response = reward_pb2.ScoreResponse()
     for result in results:
         score = response.scores.add(id=result.id)
@@ -215,7 +256,31 @@ def score_response(results: Sequence[SampleResult]) -> reward_pb2.ScoreResponse:
     return response
 
 
-def list_rewards_response(descriptions: Sequence[RewardDescription]) -> reward_pb2.ListRewardsResponse:
+def decode_sample_score(score: reward_pb2.SampleScore) -> SampleResult:
+    return SampleResult(
+        id=score.id,
+        reward=score.reward if score.HasField("reward") else None,
+        components=[
+            (
+                c.name,
+                ComponentResult(
+                    value=c.value if c.HasField("value") else None,
+                    step_scores=list(c.step_scores),
+                    error=c.error,
+                ),
+            )
+            for c in score.components
+        ],
+    )
+
+
+def decode_score_response(response: reward_pb2.ScoreResponse) -> list[SampleResult]:
+    """One result per sample, in request order."""
+    return [decode_sample_score(score) for score in response.scores]
+
+
+# -------------------------------------------------------- ListRewardsResponse
+def encode_list_rewards_response(descriptions: Sequence[RewardDescription]) -> reward_pb2.ListRewardsResponse:
     response = reward_pb2.ListRewardsResponse()
     for d in descriptions:
         info = response.rewards.add(
@@ -237,13 +302,43 @@ def list_rewards_response(descriptions: Sequence[RewardDescription]) -> reward_p
     return response
 
 
-def stress_request(
+def decode_reward_info(info: reward_pb2.RewardInfo) -> RewardDescription:
+    return RewardDescription(
+        name=info.name,
+        description=info.description,
+        params=tuple(
+            ParamInfo(
+                name=p.name,
+                type=p.type,
+                default=json_format.MessageToDict(p.default_value) if p.HasField("default_value") else None,
+                description=p.description,
+            )
+            for p in info.params
+        ),
+        required_metadata=tuple(info.required_metadata),
+        min_value=info.min_value if info.HasField("min_value") else None,
+        max_value=info.max_value if info.HasField("max_value") else None,
+        group_aware=info.group_aware,
+        available=info.available,
+        status=info.status,
+    )
+
+
+def decode_list_rewards_response(response: reward_pb2.ListRewardsResponse) -> list[RewardDescription]:
+    """In the service's order."""
+    return [decode_reward_info(info) for info in response.rewards]
+
+
+# --------------------------------------------------------- StressReward
+# Only the servicer's side: the stress test is run from the command line (reward_service.cli), which prints
+# the response message as it is.
+def decode_stress_request(
     message: reward_pb2.StressRewardRequest, limits: ScoreLimits | None = None
 ) -> tuple[list[Sample], list[RewardRequest], float | None, list[str]]:
-    """(reference samples, rewards, threshold or None, attack names); like :func:`score_request`."""
+    """(reference samples, rewards, threshold or None, attack names); like :func:`decode_score_request`."""
     return (
-        [sample(s, i, limits) for i, s in enumerate(message.samples)],
-        [reward_spec(r, i) for i, r in enumerate(message.rewards)],
+        [decode_sample(s, i, limits) for i, s in enumerate(message.samples)],
+        [decode_reward_spec(r, i) for i, r in enumerate(message.rewards)],
         message.threshold if message.HasField("threshold") else None,
         list(message.attacks),
     )
@@ -251,11 +346,11 @@ def stress_request(
 
 def _scores(results: list[SampleResult | None]) -> list[reward_pb2.SampleScore]:
     """One SampleScore per entry; an empty one (no id) for None."""
-    scored = iter(score_response([r for r in results if r is not None]).scores)
+    scored = iter(encode_score_response([r for r in results if r is not None]).scores)
     return [next(scored) if r is not None else reward_pb2.SampleScore() for r in results]
 
 
-def stress_response(report: StressReport) -> reward_pb2.StressRewardResponse:
+def encode_stress_response(report: StressReport) -> reward_pb2.StressRewardResponse:
     response = reward_pb2.StressRewardResponse(threshold=report.threshold, baseline=_scores(report.baseline))
     for outcome in report.attacks:
         attack = response.attacks.add(

@@ -1,0 +1,368 @@
+"""The rollout service's protobuf ↔ domain codec: both directions of each message, used by the servicer
+(:mod:`rollout_service.api`) and the client (:mod:`rollout_service.client`) alike, so the two cannot drift
+apart. No logic beyond field mapping.
+
+``encode_X`` builds message X from domain values, ``decode_X`` reads it back. Requests are read strictly (a
+field the server cannot take is INVALID_ARGUMENT naming it); responses leniently where a newer server may
+report a value this client does not know. The weight stream, channel manifests and torch.distributed groups
+are :mod:`rollout_service.weight_codec`: those types import torch, which this module never does, so a client
+that only generates loads no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from google.protobuf import json_format, struct_pb2
+from grpo.common.v1 import common_pb2
+from grpo.rollout.v1 import rollout_pb2
+
+from grpo_runtime.errors import InvalidArgument
+from rollout_service.types import (
+    CompletionResult,
+    EpisodeSpec,
+    FinishReason,
+    GenerateRequest,
+    MemoryUsage,
+    PromptInput,
+    SamplingSpec,
+    SleepResult,
+    StatusInfo,
+    TurnSpan,
+    WakeResult,
+    WeightFormat,
+    WeightsApplied,
+    WeightTransport,
+)
+
+SAMPLING_FIELDS = frozenset(rollout_pb2.SamplingParams.DESCRIPTOR.fields_by_name)
+# A prompt as the client takes it: plain text, a chat ({"role", "content"} dicts) or token ids.
+Prompt = str | Sequence[Mapping[str, str]] | Sequence[int]
+
+
+# ------------------------------------------------------------ SamplingParams
+def encode_sampling(sampling: Mapping[str, Any]) -> rollout_pb2.SamplingParams:
+    """``sampling``: SamplingParams field names; a None value is left unset (the server's default).
+    ValueError for a key SamplingParams does not have."""
+    unknown = set(sampling) - SAMPLING_FIELDS
+    if unknown:
+        raise ValueError(f"unknown sampling keys {sorted(unknown)}; known: {sorted(SAMPLING_FIELDS)}")
+    values = {k: v for k, v in sampling.items() if v is not None}
+    if "stop" in values and isinstance(values["stop"], str):
+        values["stop"] = [values["stop"]]
+    return rollout_pb2.SamplingParams(**values)
+
+
+def decode_sampling(msg: rollout_pb2.SamplingParams) -> SamplingSpec:
+    """Unset optional fields take the contract's defaults."""
+    return SamplingSpec(
+        temperature=msg.temperature if msg.HasField("temperature") else 1.0,
+        top_p=msg.top_p if msg.HasField("top_p") else 1.0,
+        top_k=msg.top_k if msg.HasField("top_k") else 0,
+        min_p=msg.min_p if msg.HasField("min_p") else 0.0,
+        max_tokens=msg.max_tokens if msg.HasField("max_tokens") else 16,
+        stop=tuple(msg.stop),
+        seed=msg.seed if msg.HasField("seed") else None,
+        repetition_penalty=msg.repetition_penalty if msg.HasField("repetition_penalty") else 1.0,
+        min_tokens=msg.min_tokens if msg.HasField("min_tokens") else 0,
+    )
+
+
+# ------------------------------------------------------------------- Episode
+def encode_episode(spec: EpisodeSpec) -> rollout_pb2.Episode:
+    message = rollout_pb2.Episode(
+        environment=spec.environment,
+        max_turns=spec.max_turns,
+        max_tool_calls=spec.max_tool_calls,
+        target=spec.target,
+    )
+    message.params.update(spec.params)
+    message.metadata.update(spec.metadata)
+    return message
+
+
+def decode_episode(msg: rollout_pb2.Episode, field: str = "episode") -> EpisodeSpec:
+    """``field``: where the episode is in the request (``prompts[2].episode``), for errors."""
+    return EpisodeSpec(
+        environment=msg.environment,
+        params=_struct_dict(msg.params, f"{field}.params"),
+        metadata=_struct_dict(msg.metadata, f"{field}.metadata"),
+        max_turns=msg.max_turns if msg.HasField("max_turns") else None,
+        max_tool_calls=msg.max_tool_calls if msg.HasField("max_tool_calls") else None,
+        target=msg.target,
+    )
+
+
+def _struct_dict(msg: struct_pb2.Struct, field: str) -> dict[str, Any]:
+    """A Struct as JSON values; INVALID_ARGUMENT(``field``) for what JSON cannot hold (a NaN or infinite
+    number)."""
+    try:
+        return json_format.MessageToDict(msg)
+    except ValueError as exc:
+        raise InvalidArgument(f"is not JSON: {exc}", field=field) from exc
+
+
+# -------------------------------------------------------------------- Prompt
+def encode_prompt(prompt: Prompt, prompt_id: str, episode: EpisodeSpec | None = None) -> rollout_pb2.Prompt:
+    """A ``str`` is plain text, a non-empty list of ints token ids, anything else a chat."""
+    message = rollout_pb2.Prompt(id=prompt_id)
+    if episode is not None:
+        message.episode.CopyFrom(encode_episode(episode))
+    if isinstance(prompt, str):
+        message.text = prompt
+        return message
+    items = list(prompt)
+    if items and all(isinstance(x, int) for x in items):
+        message.token_ids.extend(items)
+        return message
+    message.messages.extend(
+        common_pb2.ChatMessage(role=m["role"], content=m.get("content") or "") for m in items
+    )
+    return message
+
+
+def decode_prompt(msg: rollout_pb2.Prompt, index: int) -> PromptInput:
+    """``index``: the prompt's place in the request, for errors."""
+    return PromptInput(
+        id=msg.id,
+        messages=tuple((m.role, m.content) for m in msg.messages),
+        text=msg.text,
+        token_ids=tuple(msg.token_ids),
+        episode=decode_episode(msg.episode, f"prompts[{index}].episode") if msg.HasField("episode") else None,
+    )
+
+
+# ----------------------------------------------------------- GenerateRequest
+def encode_generate_request(
+    prompts: Sequence[Prompt],
+    n: int,
+    sampling: Mapping[str, Any],
+    *,
+    prompt_ids: Sequence[str] | None = None,
+    episodes: Sequence[EpisodeSpec] | None = None,
+    continue_across_updates: bool = False,
+) -> rollout_pb2.GenerateRequest:
+    """``prompt_ids`` default to "0", "1", ...; ``episodes``, when given, one per prompt."""
+    return rollout_pb2.GenerateRequest(
+        prompts=[
+            encode_prompt(p, prompt_ids[i] if prompt_ids else str(i), episodes[i] if episodes else None)
+            for i, p in enumerate(prompts)
+        ],
+        n=n,
+        sampling=encode_sampling(sampling),
+        continue_across_updates=continue_across_updates,
+    )
+
+
+def decode_generate_request(msg: rollout_pb2.GenerateRequest) -> GenerateRequest:
+    return GenerateRequest(
+        prompts=tuple(decode_prompt(p, i) for i, p in enumerate(msg.prompts)),
+        n=msg.n,
+        sampling=decode_sampling(msg.sampling),
+        continue_across_updates=msg.continue_across_updates,
+    )
+
+
+# ------------------------------------------------- Completion, GenerateResponse
+def encode_completion(result: CompletionResult) -> rollout_pb2.Completion:
+    return rollout_pb2.Completion(
+        prompt_id=result.prompt_id,
+        prompt_token_ids=result.prompt_token_ids,
+        token_ids=result.token_ids,
+        text=result.text,
+        logprobs=result.logprobs,
+        finish_reason=int(result.finish_reason),
+        policy_version=result.policy_version,
+        tool_mask=result.tool_mask,
+        turns=[
+            rollout_pb2.Turn(
+                start=t.start, end=t.end, policy_version=t.policy_version, tool_calls=t.tool_calls
+            )
+            for t in result.turns
+        ],
+        tool_call_count=result.tool_call_count,
+        tool_failure_count=result.tool_failure_count,
+        env_reward=result.env_reward,
+        error=result.error,
+        token_versions=result.token_versions,
+    )
+
+
+def decode_completion(msg: rollout_pb2.Completion) -> CompletionResult:
+    return CompletionResult(
+        prompt_id=msg.prompt_id,
+        prompt_token_ids=list(msg.prompt_token_ids),
+        token_ids=list(msg.token_ids),
+        text=msg.text,
+        logprobs=list(msg.logprobs),
+        finish_reason=FinishReason(msg.finish_reason),
+        policy_version=msg.policy_version,
+        tool_mask=list(msg.tool_mask),
+        turns=[TurnSpan(t.start, t.end, t.policy_version, t.tool_calls) for t in msg.turns],
+        tool_call_count=msg.tool_call_count,
+        tool_failure_count=msg.tool_failure_count,
+        env_reward=msg.env_reward if msg.HasField("env_reward") else None,
+        error=msg.error,
+        token_versions=list(msg.token_versions),
+    )
+
+
+def encode_generate_response(results: Iterable[CompletionResult]) -> rollout_pb2.GenerateResponse:
+    return rollout_pb2.GenerateResponse(completions=[encode_completion(r) for r in results])
+
+
+def decode_generate_response(msg: rollout_pb2.GenerateResponse) -> list[CompletionResult]:
+    """Prompt-major, as the server sent them."""
+    return [decode_completion(c) for c in msg.completions]
+
+
+# -------------------------------------------------- WeightFormat, WeightTransport
+def decode_weight_format(value: int) -> WeightFormat:
+    """A request's format. Proto3 enums are open: a value this server does not know is refused, not a
+    crash."""
+    try:
+        return WeightFormat(value)
+    except ValueError as exc:
+        raise InvalidArgument(f"unknown weight format {value}", field="format") from exc
+
+
+def decode_weight_transport(value: int) -> WeightTransport:
+    """A request's transport, refused like :func:`decode_weight_format`."""
+    try:
+        return WeightTransport(value)
+    except ValueError as exc:
+        raise InvalidArgument(f"unknown weight transport {value}", field="transport") from exc
+
+
+def decode_reported_transport(value: int) -> WeightTransport:
+    """A transport a server reports: one a newer server has and this client does not know reads as
+    UNSPECIFIED."""
+    try:
+        return WeightTransport(value)
+    except ValueError:
+        return WeightTransport.UNSPECIFIED
+
+
+# ------------------------------------------------- OpenWeightChannelResponse
+# (Its request carries a torch.distributed group: rollout_service.weight_codec.)
+def encode_open_weight_channel_response(transport: WeightTransport) -> rollout_pb2.OpenWeightChannelResponse:
+    return rollout_pb2.OpenWeightChannelResponse(transport=int(transport))
+
+
+def decode_open_weight_channel_response(msg: rollout_pb2.OpenWeightChannelResponse) -> WeightTransport:
+    return WeightTransport(msg.transport)
+
+
+# ------------------------------------------------------------- LoadWeights
+def encode_load_weights_request(path: str, version: int, fmt: WeightFormat) -> rollout_pb2.LoadWeightsRequest:
+    return rollout_pb2.LoadWeightsRequest(path=path, version=version, format=int(fmt))
+
+
+def decode_load_weights_request(msg: rollout_pb2.LoadWeightsRequest) -> tuple[str, int, WeightFormat]:
+    """(path, version, format)."""
+    return msg.path, msg.version, decode_weight_format(msg.format)
+
+
+def encode_load_weights_response(applied: WeightsApplied) -> rollout_pb2.LoadWeightsResponse:
+    return rollout_pb2.LoadWeightsResponse(
+        policy_version=applied.policy_version,
+        tensors_loaded=applied.tensors_loaded,
+        apply_seconds=applied.apply_seconds,
+    )
+
+
+def decode_load_weights_response(msg: rollout_pb2.LoadWeightsResponse) -> WeightsApplied:
+    return WeightsApplied(msg.policy_version, msg.tensors_loaded, msg.apply_seconds)
+
+
+# ----------------------------------------------------- UpdateWeightsResponse
+def encode_update_weights_response(applied: WeightsApplied) -> rollout_pb2.UpdateWeightsResponse:
+    return rollout_pb2.UpdateWeightsResponse(
+        policy_version=applied.policy_version,
+        bytes_received=applied.bytes_received,
+        tensors_loaded=applied.tensors_loaded,
+        apply_seconds=applied.apply_seconds,
+    )
+
+
+def decode_update_weights_response(msg: rollout_pb2.UpdateWeightsResponse) -> WeightsApplied:
+    return WeightsApplied(msg.policy_version, msg.tensors_loaded, msg.apply_seconds, msg.bytes_received)
+
+
+# ----------------------------------------------------- MemoryUsage, Sleep, WakeUp
+def encode_memory(mem: MemoryUsage) -> rollout_pb2.MemoryUsage:
+    return rollout_pb2.MemoryUsage(
+        rss_bytes=mem.rss_bytes,
+        cuda_allocated_bytes=mem.cuda_allocated_bytes,
+        cuda_reserved_bytes=mem.cuda_reserved_bytes,
+    )
+
+
+def decode_memory(msg: rollout_pb2.MemoryUsage) -> MemoryUsage:
+    return MemoryUsage(msg.rss_bytes, msg.cuda_allocated_bytes, msg.cuda_reserved_bytes)
+
+
+def encode_sleep_response(result: SleepResult) -> rollout_pb2.SleepResponse:
+    return rollout_pb2.SleepResponse(
+        level=result.level,
+        memory_before=encode_memory(result.memory_before),
+        memory_after=encode_memory(result.memory_after),
+    )
+
+
+def decode_sleep_response(msg: rollout_pb2.SleepResponse) -> SleepResult:
+    return SleepResult(msg.level, decode_memory(msg.memory_before), decode_memory(msg.memory_after))
+
+
+def encode_wake_up_response(result: WakeResult) -> rollout_pb2.WakeUpResponse:
+    return rollout_pb2.WakeUpResponse(
+        weights_valid=result.weights_valid,
+        memory=encode_memory(result.memory),
+        wake_seconds=result.wake_seconds,
+    )
+
+
+def decode_wake_up_response(msg: rollout_pb2.WakeUpResponse) -> WakeResult:
+    return WakeResult(msg.weights_valid, decode_memory(msg.memory), msg.wake_seconds)
+
+
+# ---------------------------------------------------------- GetStatusResponse
+def encode_status_response(status: StatusInfo, *, admin: bool) -> rollout_pb2.GetStatusResponse:
+    """``admin``: whether the caller holds the admin token. The shared-memory directory and its token
+    are only for a trainer that pushes weights (an admin); anyone else gets them empty."""
+    return rollout_pb2.GetStatusResponse(
+        engine=status.engine,
+        device=status.device,
+        model=status.model,
+        policy_version=status.policy_version,
+        sleep_level=status.sleep_level,
+        sleeping_tags=list(status.sleeping_tags),
+        weights_valid=status.weights_valid,
+        memory=encode_memory(status.memory),
+        max_model_len=status.max_model_len,
+        weight_format=int(status.weight_format),
+        weight_transport=int(status.weight_transport),
+        weight_transports=[int(t) for t in status.weight_transports],
+        weight_shm_dir=status.weight_shm_dir if admin else "",
+        weight_shm_token=status.weight_shm_token if admin else "",
+    )
+
+
+def decode_status_response(msg: rollout_pb2.GetStatusResponse) -> StatusInfo:
+    return StatusInfo(
+        engine=msg.engine,
+        device=msg.device,
+        model=msg.model,
+        policy_version=msg.policy_version,
+        sleep_level=msg.sleep_level,
+        sleeping_tags=tuple(msg.sleeping_tags),
+        weights_valid=msg.weights_valid,
+        memory=decode_memory(msg.memory),
+        max_model_len=msg.max_model_len,
+        weight_format=WeightFormat(msg.weight_format),
+        weight_transport=decode_reported_transport(msg.weight_transport),
+        weight_transports=tuple(decode_reported_transport(t) for t in msg.weight_transports),
+        weight_shm_dir=msg.weight_shm_dir,
+        weight_shm_token=msg.weight_shm_token,
+    )
