@@ -531,9 +531,13 @@ class WeightSyncCallback(TrainerCallback, ExportableState):
     says which policy version it holds; on resume the weights are pushed again under a fresh version.
     """
 
-    def __init__(self, sync: WeightSync, trainer_ref: Any = None):
+    def __init__(self, sync: WeightSync):
         self.sync = sync
-        self.trainer = trainer_ref
+        self.trainer: Any = None  # the trainer that registered it, from bind()
+
+    def bind(self, trainer: Any) -> None:
+        """Act on ``trainer`` (called once, by the trainer's constructor)."""
+        self.trainer = trainer
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
         self.sync.on_train_begin(self.trainer)

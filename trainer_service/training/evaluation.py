@@ -110,7 +110,7 @@ class HeldOutEvaluator:
 class EvaluationCallback(TrainerCallback):
     """Runs the evaluator at step 0, every ``eval_steps`` optimizer steps and after the last step, and
     appends each row to ``output_dir/eval_metrics.jsonl`` (main process only writes; every process
-    generates, so collective weight syncs stay in step). Set ``trainer`` before training.
+    generates, so collective weight syncs stay in step). The trainer binds itself at its construction.
 
     Register it after the weight-sync callback, so each evaluation sees the weights just pushed, and after
     the metrics callback, whose resume truncation of the file comes first.
@@ -126,10 +126,14 @@ class EvaluationCallback(TrainerCallback):
         self.evaluator = evaluator
         self.eval_steps = eval_steps
         self.path = Path(output_dir) / EVAL_METRICS_FILE
-        self.trainer: Any = None
+        self.trainer: Any = None  # the trainer that registered it, from bind()
         self._sink = sink
         # The latest evaluation: (step, metrics), read by the eval gate.
         self.last: tuple[int, dict[str, float]] | None = None
+
+    def bind(self, trainer: Any) -> None:
+        """Evaluate ``trainer``'s policy (called once, by the trainer's constructor)."""
+        self.trainer = trainer
 
     def _evaluate(self, state: TrainerState) -> None:
         step = int(state.global_step)

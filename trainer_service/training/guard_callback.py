@@ -54,8 +54,8 @@ class CompletionRecorder:
 
 
 class GuardCallback(TrainerCallback):
-    """Runs the guards on every logged training step (register it after the evaluation callback). Set
-    ``trainer`` before training; ``halted`` holds the verdict that stopped the run, if any."""
+    """Runs the guards on every logged training step (register it after the evaluation callback). The
+    trainer binds itself at its construction; ``halted`` holds the verdict that stopped the run, if any."""
 
     def __init__(
         self,
@@ -72,7 +72,7 @@ class GuardCallback(TrainerCallback):
         self.sync = sync
         self.recorder = recorder
         self.evaluation = evaluation
-        self.trainer: Any = None
+        self.trainer: Any = None  # the trainer that registered it, from bind()
         self.halted: StepVerdict | None = None
         self._sink = sink
         self._staleness = staleness  # steps a batch's generating weights may lag behind (async bound)
@@ -81,6 +81,10 @@ class GuardCallback(TrainerCallback):
         self._restored_at: dict[int, int] = {}  # rollback step → step of the checkpoint it restored
         self._base_lrs: list[float] | None = None
         self._base_beta: float | None = None
+
+    def bind(self, trainer: Any) -> None:
+        """Roll back and read the optimizer of ``trainer`` (called once, by its constructor)."""
+        self.trainer = trainer
 
     def on_train_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs):
         if state.is_world_process_zero:

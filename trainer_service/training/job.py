@@ -4,18 +4,17 @@
 
 1. reward and rollout services: the configured addresses, or local ones started by
    :mod:`trainer_service.local.launcher`;
-2. data: train/eval splits converted to GRPO rows, reward metadata checked before any generation;
-3. model, tokenizer and GRPOConfig (:mod:`trainer_service.training.builders`);
-4. rewards: one TRL reward function per ``reward_fn`` term, all terms scored by one reward-service call per
-   batch (:mod:`trainer_service.training.rewards`), weights as TRL ``reward_weights``;
-5. trainer: the loss-variant subclass of ``GRPOTrainer`` with ``rollout_func`` = the rollout service and
-   callbacks for weight sync, metrics.jsonl/events and stop requests;
-6. outputs in ``output/experiment_name``: ``metrics.jsonl``, ``checkpoint-N/`` every ``save_steps`` (adapter,
-   optimizer, scheduler, RNG, data position, policy version), the final adapter and tokenizer, and
-   ``reward_curve.png``.
+2. the job's parts, each from a named builder in :mod:`trainer_service.training.assembly`: data (train/eval
+   splits converted to GRPO rows, reward metadata checked before any generation), objective (GRPOConfig,
+   model, one TRL reward function per ``reward_fn`` term, all scored by one reward-service call per batch),
+   rollout (replicas, weight sync, ``rollout_func``), callbacks (weight sync, metrics.jsonl/events,
+   evaluation, guards, stop requests), and the loss-variant ``GRPOTrainer`` built from them;
+3. training, then the outputs in ``output/experiment_name``: ``metrics.jsonl``, ``checkpoint-N/`` every
+   ``save_steps`` (adapter, optimizer, scheduler, RNG, data position, policy version), the final adapter and
+   tokenizer, and ``reward_curve.png``.
 
 What the job derives from the config (device and precision, reward terms, admin token) is computed once, in
-:class:`JobSettings`, and passed down.
+:class:`~trainer_service.training.job_settings.JobSettings`, and passed down.
 
 Multi-GPU: run ``accelerate launch --config_file ACC.yaml -m trainer_service train CONFIG.yaml`` with
 ``training.deepspeed_config`` or ``training.fsdp_config`` set and ``services.*`` pointing at running services;
@@ -32,8 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import set_seed
-from transformers.trainer_callback import PrinterCallback
+from transformers import PreTrainedTokenizerBase, set_seed
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 
@@ -44,47 +42,24 @@ from rollout_service.client import RolloutClient
 from trainer_service.config.run_config import ConfigError, RewardTerm, RunConfig, local_reward_settings
 from trainer_service.core.types import EventSink, JobEvent, RunState, discard
 from trainer_service.local.launcher import LocalServices, start_local_services
-from trainer_service.rollout.async_rollout import AsyncServiceRollout
-from trainer_service.rollout.core_borrowing import CoreBorrowing
-from trainer_service.rollout.cpu_placement import (
-    cpu_cores,
-    local_rollout_threads,
-    overlap_threads,
-    shares_cores_with_rollout,
-    trainer_cpu_threads,
-)
-from trainer_service.rollout.episodes import EnvironmentReward, episode_plan, uses_env_reward
+from trainer_service.rollout.cpu_placement import local_rollout_threads, trainer_cpu_threads
 from trainer_service.rollout.function_tools import check_served_tools
-from trainer_service.rollout.replicas import RolloutReplicas
-from trainer_service.rollout.service_rollout import SamplingConfig, ServiceRollout
-from trainer_service.rollout.weight_sync import WeightSync, WeightSyncCallback
-from trainer_service.rollout.weight_transport import WeightTransports
+from trainer_service.rollout.weight_sync import WeightSync
+from trainer_service.training.assembly import (
+    Callbacks,
+    build_callbacks,
+    build_data,
+    build_objective,
+    build_rollout,
+    build_trainer,
+    open_reward_client,
+)
 from trainer_service.training.batch_sizing import resolve_batch_size
-from trainer_service.training.builders import (
-    Device,
-    build_grpo_config,
-    build_model,
-    load_tokenizer,
-    resolve_device,
-)
-from trainer_service.training.callbacks import (
-    EVAL_METRICS_FILE,
-    METRICS_FILE,
-    MetricsCallback,
-    StopCallback,
-    StopFlag,
-    plot_reward_curve,
-)
-from trainer_service.training.curriculum import Curriculum, CurriculumCallback
-from trainer_service.training.data import REWARD_METADATA, check_prompt_lengths, read_split, to_dataset
-from trainer_service.training.dynamic_sampling import DynamicSamplingSettings
-from trainer_service.training.evaluation import EvaluationCallback, HeldOutEvaluator
-from trainer_service.training.guard_callback import CompletionRecorder, GuardCallback
-from trainer_service.training.guards import BaselineError, Guards
+from trainer_service.training.builders import Device
+from trainer_service.training.callbacks import EVAL_METRICS_FILE, METRICS_FILE, StopFlag, plot_reward_curve
+from trainer_service.training.data import REWARD_METADATA, read_split
 from trainer_service.training.importance_sampling import ImportanceSamplingPlan, resolve_importance_sampling
-from trainer_service.training.rewards import BatchScorer
-from trainer_service.training.sampler_hook import WrappedSamplerTrainer, chain
-from trainer_service.training.variant_trainer import make_variant_trainer
+from trainer_service.training.job_settings import Endpoints, JobSettings
 
 REWARD_CURVE_FILE = "reward_curve.png"
 
@@ -102,41 +77,6 @@ class JobResult:
     policy_version: int | None
     weight_pushes: int
     push_seconds: float
-
-
-@dataclass(frozen=True)
-class JobSettings:
-    """What a job derives from its run config, computed once at its start.
-
-    ``device``: where the trainer computes and in which precision; ``reward_terms``: the rewards it scores
-    with (``prm_reward`` replaces ``reward_fn``); ``admin_token``: the services' admin token (read from
-    ``services.admin_token_file`` once).
-    """
-
-    device: Device
-    reward_terms: tuple[RewardTerm, ...]
-    admin_token: str | None
-
-    @classmethod
-    def of(cls, config: RunConfig) -> JobSettings:
-        return cls(
-            device=resolve_device(config),
-            reward_terms=tuple(config.training.reward_terms),
-            admin_token=config.services.resolved_admin_token(),
-        )
-
-
-@dataclass(frozen=True)
-class Endpoints:
-    """Channel configs of the reward and rollout services a job talks to.
-
-    ``rollout`` holds the settings every rollout replica's channel copies (its target is the first entry);
-    ``rollout_targets`` are the ``services.rollout`` entries (:mod:`trainer_service.rollout.replicas`).
-    """
-
-    reward: ChannelConfig
-    rollout: ChannelConfig
-    rollout_targets: tuple[str, ...]
 
 
 def rollout_engine(channel: ChannelConfig) -> str | None:
@@ -306,156 +246,36 @@ def _train(
     stop_flag: StopFlag | None,
     stack: ExitStack,
 ) -> JobResult:
-    t = config.training
-    set_seed(t.seed)
-    output_dir = config.output_dir
-    output_dir.mkdir(parents=True, exist_ok=True)
-
-    terms = settings.reward_terms
-    reward_client = RewardClient(
-        endpoints.reward,
-        timeout_s=config.services.request_timeout_s,
-        retry_budget_s=config.services.retry_timeout_s,
+    """Build the job's parts in order (:mod:`~.assembly`), train, and save its outputs."""
+    set_seed(config.training.seed)
+    config.output_dir.mkdir(parents=True, exist_ok=True)
+    reward_client = open_reward_client(config, endpoints.reward, stack)
+    requirements = reward_requirements(reward_client, settings.reward_terms)
+    data = build_data(config, rows, settings.reward_terms, requirements)
+    plan = importance_sampling_plan(config, settings.device, endpoints.rollout)
+    objective = build_objective(
+        config, settings, data, reward_client, checkpoint=checkpoint, importance_sampling=plan
     )
-    stack.callback(reward_client.close)
-    requirements = reward_requirements(reward_client, terms)
-    train_dataset = to_dataset(rows["train"], terms, split="train", requirements=requirements)
-    eval_dataset = to_dataset(rows["eval"], terms, split="eval", requirements=requirements)
-    tokenizer = load_tokenizer(config)
-    if config.data.max_prompt_length is not None:
-        check_prompt_lengths(train_dataset, tokenizer, config.data.max_prompt_length, split="train")
-        if eval_dataset is not None:
-            check_prompt_lengths(eval_dataset, tokenizer, config.data.max_prompt_length, split="eval")
-
-    args = build_grpo_config(config, settings.device)
-    model = build_model(config, settings.device)
-
-    curriculum = None
-    if t.curriculum is not None:
-        curriculum = Curriculum(train_dataset["prompt"], t.curriculum, terms[0].name)
-        if checkpoint is not None:
-            curriculum.load(Path(checkpoint))
-    observe = curriculum.observe_scored if curriculum is not None else None
-    scorer = BatchScorer(reward_client, terms, config.max_completion_length, observe=observe)
-    reward_funcs: list[Any] = scorer.reward_funcs()
-    end_token_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
-    episodes = episode_plan(config, train_dataset, eval_dataset, end_token_id=end_token_id or 0)
-    if uses_env_reward(config):
-        reward_funcs.append(EnvironmentReward())  # its weight is last in reward_weights (build_grpo_config)
-
-    replicas = RolloutReplicas(endpoints.rollout_targets, endpoints.rollout)
-    stack.callback(replicas.close)
-    sync = WeightSync(
-        replicas,
-        enabled=t.weight_sync,
-        sleep_mode=t.vllm_sleep_mode,
-        sleep_level=t.sleep_level,
-        background=t.async_rollout,
-        transports=WeightTransports(
-            t.weight_transport,
-            bucket_bytes=t.weight_bucket_mb << 20,
-            group_host=t.weight_group_host,
-            backend="nccl" if settings.device.type == "cuda" else "gloo",
-            device=str(settings.device),
-        ),
+    rollout = build_rollout(config, settings, endpoints, data.episodes, stack)
+    callbacks = build_callbacks(
+        config, settings, data, objective, rollout, reward_client, sink=sink, stop_flag=stop_flag
     )
-    stack.callback(sync.close)
-    rollout: ServiceRollout | AsyncServiceRollout = ServiceRollout(
-        replicas,
-        sync,
-        SamplingConfig.from_run(config),
-        t.num_generations,
-        retry_timeout_s=config.services.retry_timeout_s,
-        episodes=episodes,
-    )
-    if t.async_rollout:
-        cores = None
-        if shares_cores_with_rollout(config, settings.device.type, endpoints.rollout.target):
-            cores = CoreBorrowing(share=overlap_threads()[0], total=cpu_cores())
-            stack.callback(cores.detach)
-        rollout = AsyncServiceRollout(rollout, t.max_staleness, cores, partial=t.partial_rollouts)
-
-    stop = StopCallback(stop_flag)
-    sync_callback = WeightSyncCallback(sync)
-    evaluation = None
-    if t.eval_steps and eval_dataset is not None:
-        evaluator = HeldOutEvaluator(
-            eval_dataset,
-            replicas,
-            sync,
-            SamplingConfig.from_run(config),
-            BatchScorer(reward_client, terms, config.max_completion_length),
-            tokenizer,
-            num_samples=t.num_generations_eval or t.num_generations,
-            threshold=t.eval_pass_threshold,
-            retry_timeout_s=config.services.retry_timeout_s,
-            episodes=episodes,
-        )
-        evaluation = EvaluationCallback(evaluator, t.eval_steps, output_dir, sink)
-    guard_callback = None
-    if t.guards is not None:
-        try:
-            guards = Guards(t.guards)
-        except BaselineError as error:
-            raise ConfigError(str(error), key="training.guards.eval_gate.baseline_file") from error
-        recorder = CompletionRecorder(rollout)
-        staleness = t.max_staleness if t.async_rollout else 0
-        guard_callback = GuardCallback(guards, output_dir, sync, recorder, evaluation, sink, staleness)
-    # Async rollout records the sampler's indices to know the next batch's prompts.
-    prefetching = isinstance(rollout, AsyncServiceRollout)
-    # The curriculum draws the prompts; async rollout records what it drew.
-    wrappers = [curriculum.wrap] if curriculum is not None else []
-    wrappers += [rollout.record] if prefetching else []
-    trainer_cls = make_variant_trainer(t.grpo_variant, WrappedSamplerTrainer if wrappers else GRPOTrainer)
-    sampler_hook = {"wrap_sampler": chain(wrappers)} if wrappers else {}
-    trainer = trainer_cls(
-        **sampler_hook,
-        model=model,
-        args=args,
-        reward_funcs=reward_funcs,
-        train_dataset=train_dataset,
-        processing_class=tokenizer,
-        rollout_func=guard_callback.recorder if guard_callback is not None else rollout,
-        importance_sampling=importance_sampling_plan(config, settings.device, endpoints.rollout),
-        dynamic_sampling=(
-            DynamicSamplingSettings(t.dynamic_sampling.max_gen_batches) if t.dynamic_sampling else None
-        ),
-        callbacks=[
-            sync_callback,
-            MetricsCallback(
-                output_dir,
-                sink,
-                extra=lambda: {
-                    "policy_version": rollout.last_version,
-                    "weight_sync/push_seconds": sync.last_push_seconds if sync.pushes else None,
-                    **sync.push_metrics(),
-                    "rollout/replicas": len(sync.ready),
-                    **rollout.last_tool_metrics,
-                    **(rollout.metrics() if isinstance(rollout, AsyncServiceRollout) else {}),
-                    **(curriculum.metrics() if curriculum is not None else {}),
-                },
-            ),
-            *([evaluation] if evaluation is not None else []),
-            *([guard_callback] if guard_callback is not None else []),
-            *([CurriculumCallback(curriculum)] if curriculum is not None else []),
-            stop,
-        ],
-    )
-    sync_callback.trainer = trainer
-    if evaluation is not None:
-        evaluation.trainer = trainer
-    if guard_callback is not None:
-        guard_callback.trainer = trainer
-    if isinstance(rollout, AsyncServiceRollout):
-        rollout.attach(trainer)
-    # Our progress bar / events replace TRL's printed log dicts.
-    trainer.remove_callback(PrinterCallback)
-
+    trainer = build_trainer(config, data, objective, rollout, callbacks)
     trainer.train(resume_from_checkpoint=checkpoint)
+    return _save_outputs(config.output_dir, trainer, data.tokenizer, rollout.sync, callbacks)
 
+
+def _save_outputs(
+    output_dir: Path,
+    trainer: GRPOTrainer,
+    tokenizer: PreTrainedTokenizerBase,
+    sync: WeightSync,
+    callbacks: Callbacks,
+) -> JobResult:
+    """After training: the model and tokenizer of a completed run, and the reward curve of any run."""
     state = trainer.state
-    halted = guard_callback is not None and guard_callback.halted is not None
-    ended = RunState.STOPPED if stop.stopped_early or halted else RunState.COMPLETED
+    halted = callbacks.guard is not None and callbacks.guard.halted is not None
+    ended = RunState.STOPPED if callbacks.stop.stopped_early or halted else RunState.COMPLETED
     metrics_path = output_dir / METRICS_FILE
     curve = None
     if ended is RunState.COMPLETED:

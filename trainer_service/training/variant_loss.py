@@ -290,8 +290,7 @@ class VariantLossMixin:
         return inputs[key]
 
     def _compute_loss(self, model: torch.nn.Module, inputs: Mapping[str, Any]) -> torch.Tensor:
-        variant = self.grpo_variant
-        spec = VARIANT_SPECS[variant]
+        spec = VARIANT_SPECS[self.grpo_variant]
         prompt_ids, prompt_mask, completion_ids, completion_mask, advantages = (
             self._require(inputs, key, "every GRPO loss") for key in REQUIRED_INPUT_KEYS
         )
@@ -322,33 +321,85 @@ class VariantLossMixin:
         if old_per_token_logps is None:
             old_per_token_logps = per_token_logps.detach()
 
-        off_policy_mask = None
-        if self.off_policy_mask_threshold is not None:
-            off_policy_mask = losses.off_policy_sequence_mask(
-                advantages,
-                per_token_logps,
-                inputs.get("sampling_per_token_logps", old_per_token_logps),
-                mask,
-                self.off_policy_mask_threshold,
-            )
+        off_policy_mask = self._off_policy_mask(
+            inputs, advantages, per_token_logps, old_per_token_logps, mask
+        )
+        is_ratio = self._rollout_is_ratio(inputs, per_token_logps, mask)
+        policy, per_token_kl = self._policy_and_kl(
+            inputs, per_token_logps, old_per_token_logps, advantages, mask, is_ratio
+        )
+        per_token_loss = policy.per_token_loss
+        for token_mask in (off_policy_mask, entropy_mask):
+            if token_mask is not None:
+                per_token_loss = per_token_loss * token_mask
+        if is_ratio is not None and not spec.folds_rollout_is_ratio:
+            per_token_loss = per_token_loss * is_ratio
+        if per_token_kl is not None:
+            per_token_loss = per_token_loss + self.beta * per_token_kl
 
-        # TRL's vLLM path corrects every batch; a rollout_func batch as the plan decided at its generation:
-        # with the ratio in the batch, or deferred to here (π_θold = this forward, detached).
+        mode = "train" if self.model.training else "eval"
+        loss, policy_loss = self._aggregate(inputs, spec, per_token_loss, mask, policy, mode)
+        if self._entropy_bonus_enabled:
+            loss = self._add_entropy_bonus(loss, entropies, mask, entropy_mask, policy_loss, mode)
+        if self.aux_loss_enabled:
+            loss = self._add_aux_loss(loss, aux_loss, mode)
+        self._log_loss_metrics(mode, spec, mask, entropies, advantages, policy, per_token_kl)
+        return loss
+
+    def _off_policy_mask(
+        self,
+        inputs: Mapping[str, Any],
+        advantages: torch.Tensor,
+        per_token_logps: torch.Tensor,
+        old_per_token_logps: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """TRL's off-policy sequence mask (``off_policy_mask_threshold``), or None when it is unset."""
+        if self.off_policy_mask_threshold is None:
+            return None
+        return losses.off_policy_sequence_mask(
+            advantages,
+            per_token_logps,
+            inputs.get("sampling_per_token_logps", old_per_token_logps),
+            mask,
+            self.off_policy_mask_threshold,
+        )
+
+    def _rollout_is_ratio(
+        self, inputs: Mapping[str, Any], per_token_logps: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor | None:
+        """The rollout importance ratio π_θold/π_sampling this batch trains with, or None.
+
+        TRL's vLLM path corrects every batch; a rollout_func batch as the plan decided at its generation:
+        with the ratio in the batch, or deferred to here (π_θold = this forward, detached).
+        """
         is_ratio = inputs.get("importance_sampling_ratio")
-        state = self._is_state["train" if self.model.training else "eval"]
+        mode = "train" if self.model.training else "eval"
+        state = self._is_state[mode]
         if self.vllm_importance_sampling_correction and self.rollout_func is not None and not self.use_vllm:
             if state == "deferred" and is_ratio is None:
                 sampling = self._require(inputs, "sampling_per_token_logps", "the rollout importance ratio")
-                is_ratio = self._rollout_ratio(
-                    per_token_logps, sampling, mask, "train" if self.model.training else "eval"
-                )
+                is_ratio = self._rollout_ratio(per_token_logps, sampling, mask, mode)
             elif state == "batch":
                 self._require(
                     inputs, "importance_sampling_ratio", "vllm_importance_sampling_correction is on"
                 )
         elif self.vllm_importance_sampling_correction and self.use_vllm:
             self._require(inputs, "importance_sampling_ratio", "vllm_importance_sampling_correction is on")
+        return is_ratio
 
+    def _policy_and_kl(
+        self,
+        inputs: Mapping[str, Any],
+        per_token_logps: torch.Tensor,
+        old_per_token_logps: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        is_ratio: torch.Tensor | None,
+    ) -> tuple[losses.PolicyLoss, torch.Tensor | None]:
+        """The variant's policy term and, with ``beta != 0``, the per-token k3 KL to the reference model
+        (times the policy ratio with ``use_bias_correction_kl``), both (batch, completion tokens)."""
+        variant = self.grpo_variant
         params = loss_params_from_args(self.args, self.epsilon_low, self.epsilon_high)
         if variant == "gpg":
             alpha = self._require(inputs, "gpg_alpha", "GPG's rescaling factor over the generation batch")
@@ -362,29 +413,32 @@ class VariantLossMixin:
             params,
             importance_sampling_ratio=is_ratio,
         )
-        per_token_loss = policy.per_token_loss
+        if self.beta == 0.0:
+            return policy, None
+        ref_per_token_logps = self._require(inputs, "ref_per_token_logps", f"beta={self.beta} (KL term)")
+        per_token_kl = losses.k3_kl(per_token_logps, ref_per_token_logps)
+        if self.args.use_bias_correction_kl:
+            per_token_kl = per_token_kl * policy.ratio
+        return policy, per_token_kl
 
-        if self.beta != 0.0:
-            ref_per_token_logps = self._require(inputs, "ref_per_token_logps", f"beta={self.beta} (KL term)")
-            per_token_kl = losses.k3_kl(per_token_logps, ref_per_token_logps)
-            if self.args.use_bias_correction_kl:
-                per_token_kl = per_token_kl * policy.ratio
-
-        if off_policy_mask is not None:
-            per_token_loss = per_token_loss * off_policy_mask
-        if entropy_mask is not None:
-            per_token_loss = per_token_loss * entropy_mask
-        if is_ratio is not None and not spec.folds_rollout_is_ratio:
-            per_token_loss = per_token_loss * is_ratio
-        if self.beta != 0.0:
-            per_token_loss = per_token_loss + self.beta * per_token_kl
-
-        mode = "train" if self.model.training else "eval"
+    def _aggregate(
+        self,
+        inputs: Mapping[str, Any],
+        spec: VariantSpec,
+        per_token_loss: torch.Tensor,
+        mask: torch.Tensor,
+        policy: losses.PolicyLoss,
+        mode: str,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss for backward, its detached value before any 1/GA scaling): the variant's aggregation of
+        ``per_token_loss`` (batch, completion tokens) to a scalar."""
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         num_tokens = None
         if spec.aggregation is Aggregation.GLOBAL_TOKEN:
             # num_items_in_batch counts the generation batch over all processes; rescale to one window here.
-            num_items = self._require(inputs, "num_items_in_batch", f"{variant} normalises by global tokens")
+            num_items = self._require(
+                inputs, "num_items_in_batch", f"{self.grpo_variant} normalises by global tokens"
+            )
             num_tokens = num_items.clamp(min=1.0) / self.accelerator.num_processes
             if mode == "train":
                 num_tokens = (
@@ -400,19 +454,13 @@ class VariantLossMixin:
         policy_loss = loss.detach()
         if losses.scaled_by_caller(spec.aggregation):
             loss = loss / accumulation
+        return loss, policy_loss
 
-        if self._entropy_bonus_enabled:
-            loss = self._add_entropy_bonus(loss, entropies, mask, entropy_mask, policy_loss, mode)
-
-        if self.aux_loss_enabled:
-            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
-            self._metrics[mode]["aux_loss"].append(
-                self.accelerator.gather_for_metrics(aux_loss).mean().item()
-            )
-
-        self._log_loss_metrics(
-            mode, spec, mask, entropies, advantages, policy, per_token_kl if self.beta != 0.0 else None
-        )
+    def _add_aux_loss(self, loss: torch.Tensor, aux_loss: torch.Tensor, mode: str) -> torch.Tensor:
+        """MoE router load-balancing loss, weighted by ``router_aux_loss_coef``, per accumulation window."""
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+        self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
         return loss
 
     def _add_entropy_bonus(

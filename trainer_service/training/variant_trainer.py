@@ -1,6 +1,7 @@
 """`trl.GRPOTrainer` subclasses that train with one of the loss variants (`VariantLossMixin` + a TRL base),
-with optional DAPO dynamic sampling (`DynamicSamplingMixin`, constructor argument ``dynamic_sampling``) and
-FSDP2 on CPU processes (`CpuFsdpMixin`)."""
+with optional DAPO dynamic sampling (`DynamicSamplingMixin`, constructor argument ``dynamic_sampling``),
+FSDP2 on CPU processes (`CpuFsdpMixin`) and the collaborators it binds itself to once built
+(`TrainerBindingMixin`, constructor argument ``binders``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from trl import GRPOTrainer
 from trainer_service.config.variants import VARIANTS, normalize_variant
 from trainer_service.training.cpu_fsdp import CpuFsdpMixin
 from trainer_service.training.dynamic_sampling import DynamicSamplingMixin
+from trainer_service.training.trainer_binding import TrainerBindingMixin
 from trainer_service.training.variant_loss import VariantLossMixin
 
 
@@ -18,8 +20,9 @@ from trainer_service.training.variant_loss import VariantLossMixin
 def _variant_class(name: str, base: type) -> type:
     cls = type(
         f"{base.__name__}_{name}",
-        # Dynamic sampling below the variant: the variant's per-batch work sees the merged batch.
-        (VariantLossMixin, DynamicSamplingMixin, CpuFsdpMixin, base),
+        # Dynamic sampling below the variant: the variant's per-batch work sees the merged batch. Binding
+        # first: collaborators see the trainer only once every mixin has checked and set it up.
+        (TrainerBindingMixin, VariantLossMixin, DynamicSamplingMixin, CpuFsdpMixin, base),
         {
             "grpo_variant": name,
             "__doc__": f"{base.__name__} training with loss variant {name!r}: {VARIANTS[name]}.",

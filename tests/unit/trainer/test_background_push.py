@@ -106,7 +106,8 @@ def test_the_version_is_given_at_once_and_the_replicas_serve_it_after_the_transf
 
 def test_the_optimizer_step_waits_for_the_tensors_being_streamed(setup):
     sync, replica, trainer = setup
-    callback = WeightSyncCallback(sync, trainer)
+    callback = WeightSyncCallback(sync)
+    callback.bind(trainer)
     sync.after_optimizer_step(trainer)
     assert replica.entered.wait(timeout=10)
     settled = threading.Event()
