@@ -131,12 +131,12 @@ def trio(images: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> It
         assert down.returncode == 0, down.stderr
 
 
-def wait_healthy(trio: Trio) -> None:
+def wait_healthy(trio: Trio, services: tuple[str, ...] = SERVICES) -> None:
     """Every service healthy by its compose healthcheck (the trainer starts once reward and rollout are)."""
     deadline = time.monotonic() + UP_TIMEOUT_S
     states: dict[str, str] = {}
     while time.monotonic() < deadline:
-        states = {service: trio.health(service) for service in SERVICES}
+        states = {service: trio.health(service) for service in services}
         if all(state == "healthy" for state in states.values()):
             return
         assert not {"unhealthy", "exited", "dead"} & set(states.values()), f"{states}\n{trio.logs()}"

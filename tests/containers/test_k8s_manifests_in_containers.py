@@ -64,29 +64,34 @@ def host_volumes(tmp_path_factory) -> dict[str, Path]:
     return {"config": config, "admin-token": secret, "runs": runs}
 
 
+def run_as_rendered(spec: dict[str, Any], host: dict[str, Path]) -> Running:
+    """Start a rendered container (:func:`tests.deploy.k8s_render.rendered_containers`) as its Deployment
+    declares it, every port published on 127.0.0.1; not yet waited for."""
+    security = spec["securityContext"]
+    volumes, tmpfs = mounts_of(spec, host)
+    container = docker.from_env().containers.run(
+        spec["image"],
+        command=spec.get("args"),
+        entrypoint=spec.get("command"),
+        environment=env_of(spec),
+        ports={f"{p['containerPort']}/tcp": ("127.0.0.1", None) for p in spec["ports"]},
+        user=f"{security['runAsUser']}:{spec['pod_security_context']['runAsGroup']}",
+        read_only=security["readOnlyRootFilesystem"],
+        cap_drop=security["capabilities"]["drop"],
+        security_opt=["no-new-privileges:true"],
+        volumes=volumes,
+        tmpfs=tmpfs,
+        detach=True,
+    )
+    return Running(container, spec["deployment"])
+
+
 @pytest.fixture(scope="module")
 def pods(images, host_volumes) -> Iterator[list[tuple[dict[str, Any], Running]]]:
-    client = docker.from_env()
     started: list[tuple[dict[str, Any], Running]] = []
     try:
         for spec in rendered_containers("cpu"):
-            security = spec["securityContext"]
-            volumes, tmpfs = mounts_of(spec, host_volumes)
-            container = client.containers.run(
-                spec["image"],
-                command=spec.get("args"),
-                entrypoint=spec.get("command"),
-                environment=env_of(spec),
-                ports={f"{p['containerPort']}/tcp": ("127.0.0.1", None) for p in spec["ports"]},
-                user=f"{security['runAsUser']}:{spec['pod_security_context']['runAsGroup']}",
-                read_only=security["readOnlyRootFilesystem"],
-                cap_drop=security["capabilities"]["drop"],
-                security_opt=["no-new-privileges:true"],
-                volumes=volumes,
-                tmpfs=tmpfs,
-                detach=True,
-            )
-            running = Running(container, spec["deployment"])
+            running = run_as_rendered(spec, host_volumes)
             started.append((spec, running))
             wait_serving(running)
         yield started

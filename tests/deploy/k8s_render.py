@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -95,8 +96,14 @@ def rendered_containers(overlay: str) -> list[dict[str, Any]]:
     <service>``, so ``args`` are its arguments (``command`` is unset). ``env`` entries with ``valueFrom``
     (the admin token: Secret ``grpo-admin-token``, key ``token``) must be supplied by the caller.
     """
+    return containers_of(render(overlay))
+
+
+def containers_of(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`rendered_containers` of already rendered objects (an overlay plus components, say)."""
     containers = []
-    for deployment_name, deployment in deployments(overlay).items():
+    for deployment in (obj for obj in objects if obj["kind"] == "Deployment"):
+        deployment_name = deployment["metadata"]["name"]
         pod = deployment["spec"]["template"]["spec"]
         for container in pod["containers"]:
             item = copy.deepcopy(container)
@@ -105,6 +112,25 @@ def rendered_containers(overlay: str) -> list[dict[str, Any]]:
             item["volumes"] = copy.deepcopy(pod.get("volumes", []))
             containers.append(item)
     return containers
+
+
+def render_with_components(overlay: str, components: list[str], workdir: Path) -> list[dict[str, Any]]:
+    """``overlay`` plus kustomize components (names under ``deploy/k8s/components``), rendered from a
+    kustomization written in ``workdir`` (not cached)."""
+    relative = Path(os.path.relpath(K8S_DIR, workdir))
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [str(relative / "overlays" / overlay)],
+        "components": [str(relative / "components" / name) for name in components],
+    }
+    (workdir / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(workdir)], capture_output=True, text=True, timeout=60, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"kubectl kustomize {overlay} + {components} failed:\n{result.stderr}")
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
 def config_files(overlay: str) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """The reward service's optional HTTP (OpenRLHF) port in deployments: off in the shipped overlays and compose
 file, on with the ``reward-http`` kustomize component or the ``compose.http.yaml`` override — a named port,
-the Service and NetworkPolicy admitting it like Score, and the flag the reward service's CLI takes."""
+the Service and NetworkPolicy admitting it like Score, a probe of its own (Kubernetes liveness, the compose
+healthcheck) and the flags the reward service's CLI and healthcheck take."""
 
 from __future__ import annotations
 
@@ -15,30 +16,15 @@ import yaml
 
 from grpo_runtime.cli import build_parser
 from reward_service.__main__ import _add_arguments as add_reward_arguments
-from tests.deploy.k8s_render import K8S_DIR, OVERLAYS, REPO_ROOT, find, kubectl, render
+from reward_service.http.healthcheck import build_parser as healthcheck_parser
+from tests.deploy.k8s_render import OVERLAYS, REPO_ROOT, find, render, render_with_components
 
 HTTP_PORT = 5000
-COMPONENT = K8S_DIR / "components" / "reward-http"
 
 
 def render_with_component(tmp_path: Path, overlay: str) -> list[dict]:
-    """``overlay`` plus the reward-http component, rendered from a kustomization in ``tmp_path``."""
-    relative = Path(os.path.relpath(K8S_DIR, tmp_path))
-    (tmp_path / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [str(relative / "overlays" / overlay)],
-                "components": [str(relative / "components" / "reward-http")],
-            }
-        )
-    )
-    run = subprocess.run(
-        [kubectl(), "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert run.returncode == 0, run.stderr
-    return [doc for doc in yaml.safe_load_all(run.stdout) if doc]
+    """``overlay`` plus the reward-http component."""
+    return render_with_components(overlay, ["reward-http"], tmp_path)
 
 
 def port_text(port: str | dict) -> str:
@@ -78,6 +64,13 @@ def test_component_adds_a_named_http_port_admitted_like_score(tmp_path, overlay)
     assert service_ports["http"]["port"] == HTTP_PORT and service_ports["http"]["targetPort"] == "http"
     assert service_ports["grpc"]["port"] == 50051  # the gRPC port stays
 
+    # The HTTP port's own probe is liveness; gRPC keeps startup and readiness (RewardService) as in the base.
+    assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http", "scheme": "HTTP"}
+    assert "grpc" not in container["livenessProbe"]
+    base = reward_container(render(overlay))
+    for probe in ("startupProbe", "readinessProbe"):
+        assert container[probe] == base[probe] and "grpc" in container[probe]
+
     policy = find(objects, "NetworkPolicy", "reward")["spec"]
     http_rule = {"protocol": "TCP", "port": HTTP_PORT}
     admitted = [rule["from"] for rule in policy["ingress"] if http_rule in rule["ports"]]
@@ -105,4 +98,32 @@ def test_compose_override_publishes_the_http_port_on_loopback():
     assert with_http["command"] == [*base["command"], "--http-port", str(HTTP_PORT)]
     assert set(map(port_text, with_http["ports"])) - set(map(port_text, base["ports"])) == {
         f"127.0.0.1:{HTTP_PORT}:{HTTP_PORT}/tcp"
+    }
+    # The healthcheck asks both ports; interval and retries stay compose.yaml's.
+    assert with_http["healthcheck"]["test"] == [
+        "CMD",
+        "python",
+        "-m",
+        "reward_service.http.healthcheck",
+        "--port",
+        "50051",
+        "--http-port",
+        str(HTTP_PORT),
+    ]
+    assert {k: v for k, v in with_http["healthcheck"].items() if k != "test"} == {
+        k: v for k, v in base["healthcheck"].items() if k != "test"
+    }
+
+
+def test_compose_healthcheck_flags_parse_and_name_the_commands_ports():
+    """Without docker-compose: the override's healthcheck asks the ports its command serves on."""
+    override = yaml.safe_load((REPO_ROOT / "docker" / "compose.http.yaml").read_text())["services"]["reward"]
+    command = build_parser("reward_service", "", 50051, add_reward_arguments).parse_args(override["command"])
+    kind, *argv = override["healthcheck"]["test"]
+    assert kind == "CMD" and argv[:3] == ["python", "-m", "reward_service.http.healthcheck"]
+    assert vars(healthcheck_parser().parse_args(argv[3:])) == {
+        "host": "127.0.0.1",
+        "port": command.port,
+        "http_port": command.http_port,
+        "timeout": 3.0,
     }

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from grpo_runtime.server import BindError, GrpcServer
 from reward_service.client import RewardClient
 from reward_service.core.types import Message, RewardRequest, Sample
+from reward_service.http import healthcheck
 from tests.integration.reward.fixtures import SETTINGS, reward_server_thread
 
 HTTP_SETTINGS = {
@@ -256,6 +257,20 @@ def test_requests_are_counted_on_the_servers_metrics_registry(server, url):
 def test_health(url):
     reply = requests.get(f"{url}/health", timeout=10)
     assert reply.status_code == 200 and reply.json()["status"] == "SERVING"
+
+
+def test_the_container_healthcheck_asks_both_ports(server, url, capsys):
+    [endpoint] = server.companions
+    assert healthcheck.main(["--port", str(server.port), "--http-port", str(endpoint.port)]) == 0
+    # A port nobody serves on: gRPC's (the server's HTTP port) or HTTP's (the gRPC port) fails the check.
+    assert (
+        healthcheck.main(["--port", str(endpoint.port), "--http-port", str(endpoint.port), "--timeout", "2"])
+        == 1
+    )
+    assert (
+        healthcheck.main(["--port", str(server.port), "--http-port", str(server.port), "--timeout", "2"]) == 1
+    )
+    assert f"127.0.0.1:{server.port}/health" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
