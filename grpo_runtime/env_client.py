@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
-from google.protobuf import json_format, struct_pb2
 from grpo.env.v1 import env_pb2, env_pb2_grpc
 
+from grpo_runtime import env_codec
 from grpo_runtime.call_errors import call_error
 from grpo_runtime.client import ChannelConfig, create_channel
 from grpo_runtime.env_types import (
@@ -44,21 +44,6 @@ __all__ = [
     "ToolDefinition",
     "ToolResult",
 ]
-
-
-def _struct(value: Mapping[str, Any] | None) -> struct_pb2.Struct:
-    out = struct_pb2.Struct()
-    if value:
-        out.update(dict(value))
-    return out
-
-
-def _tool(message: env_pb2.ToolDefinition) -> ToolDefinition:
-    return ToolDefinition(
-        name=message.name,
-        description=message.description,
-        parameters=json_format.MessageToDict(message.parameters),
-    )
 
 
 class EnvironmentClient:
@@ -86,12 +71,7 @@ class EnvironmentClient:
 
     async def list_environments(self) -> list[EnvironmentInfo]:
         response = await self._call(self._stub.ListEnvironments, env_pb2.ListEnvironmentsRequest())
-        return [
-            EnvironmentInfo(
-                name=e.name, description=e.description, kind=e.kind, available=e.available, status=e.status
-            )
-            for e in response.environments
-        ]
+        return env_codec.decode_list_environments_response(response)
 
     async def open_episode(
         self,
@@ -101,38 +81,17 @@ class EnvironmentClient:
         metadata: Mapping[str, Any] | None = None,
     ) -> Episode:
         """Opens an episode of ``environment``; ``metadata`` (JSON values) is the sample's dataset columns."""
-        request = env_pb2.OpenEpisodeRequest(
-            environment=environment, params=_struct(params), metadata=_struct(metadata)
-        )
-        response = await self._call(self._stub.OpenEpisode, request)
-        return Episode(
-            episode_id=response.episode_id,
-            tools=tuple(_tool(t) for t in response.tools),
-            prompt_suffix=response.prompt_suffix,
-        )
+        request = env_codec.encode_open_episode_request(environment, params, metadata)
+        return env_codec.decode_open_episode_response(await self._call(self._stub.OpenEpisode, request))
 
     async def step(self, episode_id: str, calls: Sequence[ToolCall]) -> StepOutcome:
         """Runs one turn's tool calls in order; one result per call, in call order."""
-        request = env_pb2.StepRequest(
-            episode_id=episode_id,
-            calls=[env_pb2.ToolCall(id=c.id, name=c.name, arguments_json=c.arguments_json) for c in calls],
-        )
-        response = await self._call(self._stub.Step, request)
-        return StepOutcome(
-            results=tuple(
-                ToolResult(
-                    call_id=r.call_id, name=r.name, content=r.content, error=r.error, truncated=r.truncated
-                )
-                for r in response.results
-            ),
-            done=response.done,
-        )
+        request = env_codec.encode_step_request(episode_id, calls)
+        return env_codec.decode_step_response(await self._call(self._stub.Step, request))
 
     async def get_reward(self, episode_id: str) -> EpisodeReward:
         response = await self._call(self._stub.GetReward, env_pb2.GetRewardRequest(episode_id=episode_id))
-        return EpisodeReward(
-            value=response.reward if response.HasField("reward") else None, error=response.error
-        )
+        return env_codec.decode_get_reward_response(response)
 
     async def close_episode(self, episode_id: str) -> bool:
         """Closes an episode; False when it was already closed or expired (closing is idempotent)."""

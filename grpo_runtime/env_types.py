@@ -1,7 +1,7 @@
 """Plain types of the environment contract (``grpo.env.v1``), shared by its client and its servers.
 
 No gRPC here: the environment core of a server and the rollout's episode loop both speak these, and the
-protobuf conversion sits at each end (``grpo_runtime.env_client``, ``reward_service.api.environment``).
+protobuf conversion, both directions, is ``grpo_runtime.env_codec``, used by the client and the servicer.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import asyncio
 import grpc
 from grpo.env.v1 import env_pb2, env_pb2_grpc
 
-from reward_service.api import env_convert
+from grpo_runtime import env_codec
 from reward_service.environments.episodes import EpisodeRegistry
 
 
@@ -22,28 +22,29 @@ class EnvironmentServicer(env_pb2_grpc.EnvironmentServiceServicer):
     async def ListEnvironments(
         self, request: env_pb2.ListEnvironmentsRequest, context: grpc.aio.ServicerContext
     ) -> env_pb2.ListEnvironmentsResponse:
-        return env_convert.list_response(self._episodes.list())
+        return env_codec.encode_list_environments_response(self._episodes.list())
 
     async def OpenEpisode(
         self, request: env_pb2.OpenEpisodeRequest, context: grpc.aio.ServicerContext
     ) -> env_pb2.OpenEpisodeResponse:
         self._episodes.check_open(request.environment, request.params.fields)
         params, metadata = await asyncio.to_thread(
-            env_convert.open_request, request, self._episodes.max_metadata_chars
+            env_codec.decode_open_episode_request, request, self._episodes.max_metadata_chars
         )
-        return env_convert.open_response(await self._episodes.open(request.environment, params, metadata))
+        episode = await self._episodes.open(request.environment, params, metadata)
+        return env_codec.encode_open_episode_response(episode)
 
     async def Step(
         self, request: env_pb2.StepRequest, context: grpc.aio.ServicerContext
     ) -> env_pb2.StepResponse:
         self._episodes.check_step(request.episode_id, len(request.calls))
-        calls = env_convert.tool_calls(request)
-        return env_convert.step_response(await self._episodes.step(request.episode_id, calls))
+        calls = env_codec.decode_step_request(request)
+        return env_codec.encode_step_response(await self._episodes.step(request.episode_id, calls))
 
     async def GetReward(
         self, request: env_pb2.GetRewardRequest, context: grpc.aio.ServicerContext
     ) -> env_pb2.GetRewardResponse:
-        return env_convert.reward_response(await self._episodes.reward(request.episode_id))
+        return env_codec.encode_get_reward_response(await self._episodes.reward(request.episode_id))
 
     async def CloseEpisode(
         self, request: env_pb2.CloseEpisodeRequest, context: grpc.aio.ServicerContext

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_runtime.errors import InvalidArgument
-from reward_service.codec import MAX_STRUCT_DEPTH
+from grpo_runtime.struct_codec import MAX_STRUCT_DEPTH
 from reward_service.core.scorer import ScoreLimits
 from reward_service.core.types import Message, RewardRequest, Sample, SampleResult
 from reward_service.http.settings import HttpSettings

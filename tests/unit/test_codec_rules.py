@@ -1,7 +1,9 @@
 """One protobuf <-> domain codec per service, below both of its users: the servicer (``api/``) and the client
 map every message with it, the codec imports no servicer, so clients import no servicer (that no
 ``client.py`` imports an ``api`` package, on the source and in a fresh interpreter, is checked in
-test_import_rules.py). And the rollout client loads torch only for a weight push."""
+test_import_rules.py). The environment contract (grpo.env.v1) is served by the reward service and called by
+grpo_runtime's EnvironmentClient, so its codec sits in grpo_runtime, below every service, with the Struct
+reader that the reward codec shares. And the rollout client loads torch only for a weight push."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ CODECS = {
     "trainer_service": ("codec.py",),
 }
 SERVICERS = {"reward_service": "reward.py", "rollout_service": "rollout.py", "trainer_service": "trainer.py"}
+# grpo_runtime's codecs: the environment contract's, and the Struct reader every codec reads requests with.
+RUNTIME_CODECS = ("grpo_runtime/env_codec.py", "grpo_runtime/struct_codec.py")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -48,6 +52,12 @@ def run_python(code: str) -> str:
 def test_codecs_import_no_api_package(path):
     api = [module for module in imported_modules(ROOT / path) if ".api." in f".{module}."]
     assert not api, f"{path} imports a servicer package: {api}"
+
+
+@pytest.mark.parametrize("path", RUNTIME_CODECS)
+def test_runtime_codecs_import_no_service(path):
+    services = [module for module in imported_modules(ROOT / path) if module.split(".")[0] in SERVICES]
+    assert not services, f"{path} is below every service but imports {services}"
 
 
 @pytest.mark.parametrize("service", SERVICES)
@@ -86,3 +96,23 @@ def test_an_unknown_name_of_the_rollout_client_is_still_an_attribute_error():
         "    print(type(exc).__name__)\n"
     )
     assert run_python(code) == "AttributeError"
+
+
+def test_the_environment_servicer_and_client_map_messages_with_the_env_codec():
+    for user in (ROOT / "reward_service/api/environment.py", ROOT / "grpo_runtime/env_client.py"):
+        assert "grpo_runtime.env_codec" in imported_modules(user), (
+            f"{user.relative_to(ROOT)} does not map messages with grpo_runtime.env_codec"
+        )
+    assert not (ROOT / "reward_service/api/env_convert.py").exists(), "api/env_convert.py maps messages again"
+
+
+def test_the_struct_reader_is_shared_not_copied():
+    """The reward codec reads metadata and params with grpo_runtime's reader (one set of NaN, nesting and
+    size checks), and defines no reader of its own."""
+    codec = ROOT / "reward_service/codec.py"
+    assert "grpo_runtime.struct_codec.struct_dict" in imported_modules(codec)
+    defined = {
+        node.name for node in ast.walk(ast.parse(codec.read_text())) if isinstance(node, ast.FunctionDef)
+    }
+    copies = defined & {"struct_dict", "_fields", "_plain", "_items"}
+    assert not copies, f"reward_service/codec.py defines its own Struct reader: {sorted(copies)}"

@@ -10,6 +10,7 @@ import pytest
 from google.protobuf import struct_pb2
 from grpo.reward.v1 import reward_pb2
 
+from grpo_runtime import struct_codec
 from grpo_runtime.errors import InvalidArgument
 from reward_service import codec
 from reward_service.core.scorer import ScoreLimits, json_chars
@@ -58,9 +59,9 @@ def test_non_finite_numbers_are_invalid_argument_naming_the_path(metadata, param
 
 def test_nesting_is_limited_naming_the_field():
     request = _request()
-    request.samples[0].metadata.fields["deep"].CopyFrom(nested_value(codec.MAX_STRUCT_DEPTH - 1))
+    request.samples[0].metadata.fields["deep"].CopyFrom(nested_value(struct_codec.MAX_STRUCT_DEPTH - 1))
     assert codec.decode_score_request(request)[0][0].metadata["deep"]  # just within the limit
-    request.samples[0].metadata.fields["deep"].CopyFrom(nested_value(codec.MAX_STRUCT_DEPTH))
+    request.samples[0].metadata.fields["deep"].CopyFrom(nested_value(struct_codec.MAX_STRUCT_DEPTH))
     with pytest.raises(InvalidArgument, match="nested deeper than 32 levels") as error:
         codec.decode_score_request(request)
     assert error.value.field.startswith("samples[0].metadata.deep[0]")
@@ -114,7 +115,7 @@ def test_field_paths_are_built_only_for_the_error_and_cut_long_keys():
     inner.fields["bad"].list_value.values.add().number_value = float("inf")
     with pytest.raises(InvalidArgument, match="must be a finite number") as error:
         codec.decode_score_request(request)
-    assert error.value.field == f"samples[0].metadata.{'k' * codec.PATH_KEY_CHARS}....bad[0]"
+    assert error.value.field == f"samples[0].metadata.{'k' * struct_codec.PATH_KEY_CHARS}....bad[0]"
 
 
 def test_token_ids_and_prompt_messages_past_the_limits_are_refused_by_count():
