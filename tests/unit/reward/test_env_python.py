@@ -73,9 +73,12 @@ async def test_a_raising_cell_shows_its_traceback_and_keeps_its_effects(episodes
 async def test_sandbox_limits_are_error_results_and_the_episode_goes_on(episodes):
     episode = (await episodes.open("python", {}, {})).episode_id
     start = time.monotonic()
-    hang = await run(episodes, episode, "n = 1\nwhile True:\n    pass")
+    # A sleeping cell: only the wall limit can end it (a spinning one races RLIMIT_CPU, equal to it here).
+    hang = await run(episodes, episode, "import time\nn = 1\ntime.sleep(60)")
     assert hang.error and "timed out" in hang.content
     assert time.monotonic() - start < 15
+    spin = await run(episodes, episode, "while True:\n    pass")
+    assert spin.error and ("timed out" in spin.content or "SIGXCPU" in spin.content)
     flood = await run(episodes, episode, "print('y' * 100000)")
     assert flood.error and "output exceeded" in flood.content
     # Killed cells are not replayed: the episode still answers, without their effects.
