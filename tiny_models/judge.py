@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -103,24 +104,29 @@ def _verdict_ids(tokenizer: PreTrainedTokenizerFast) -> list[int]:
     return [tokenizer.convert_tokens_to_ids(v) for v in VERDICTS]
 
 
-def examples(tokenizer: PreTrainedTokenizerFast, count: int, seed: int) -> list[Example]:
-    """``count`` random training questions, pointwise (one response) or group (2-4 responses)."""
+def example_batches(
+    tokenizer: PreTrainedTokenizerFast, batch_size: int, seed: int
+) -> Iterator[list[Example]]:
+    """Endless batches of ``batch_size`` random training questions, pointwise (one response) or group (2-4
+    responses), drawn from one seeded stream and encoded as they are needed."""
     pointwise, group = judge_templates(POINTWISE_TEMPLATE, GROUP_TEMPLATE)
-    rng = random.Random(seed)
-    questions, verdicts = [], []
-    for _ in range(count):
-        sample, responses, boxed = _problem(rng)
-        values = {"prompt": prompt_text(sample), "answer": sample.metadata["answer"]}
-        k = rng.randrange(len(responses))
-        if len(responses) == 1:
-            questions.append(pointwise.fill({**values, "completion": responses[0]}))
-        else:
-            questions.append(group.fill({**values, "completions": numbered(responses), "index": str(k + 1)}))
-        verdicts.append(boxed[k])
     yes, no = _verdict_ids(tokenizer)
-    return [
-        (ids, yes if box else no) for ids, box in zip(_encode(tokenizer, questions), verdicts, strict=True)
-    ]
+    rng = random.Random(seed)
+    while True:
+        questions, verdicts = [], []
+        for _ in range(batch_size):
+            sample, responses, boxed = _problem(rng)
+            values = {"prompt": prompt_text(sample), "answer": sample.metadata["answer"]}
+            k = rng.randrange(len(responses))
+            if len(responses) == 1:
+                questions.append(pointwise.fill({**values, "completion": responses[0]}))
+            else:
+                questions.append(
+                    group.fill({**values, "completions": numbered(responses), "index": str(k + 1)})
+                )
+            verdicts.append(boxed[k])
+        encoded = _encode(tokenizer, questions)
+        yield [(ids, yes if box else no) for ids, box in zip(encoded, verdicts, strict=True)]
 
 
 def pointwise_questions(tokenizer: PreTrainedTokenizerFast) -> list[Example]:
@@ -206,14 +212,12 @@ def train_judge(
     try:
         torch.manual_seed(seed)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
-        data = examples(tokenizer, max_steps * batch_size, seed)
+        batches = example_batches(tokenizer, batch_size, seed)
         questions = pointwise_questions(tokenizer)
         sample = random.Random(seed + 1).sample(questions, 256)
         worst = float("-inf")
         for step in range(1, max_steps + 1):
-            _train_step(
-                model, optimizer, data[(step - 1) * batch_size : step * batch_size], tokenizer.pad_token_id
-            )
+            _train_step(model, optimizer, next(batches), tokenizer.pad_token_id)
             if step % check_every:
                 continue
             if verdict_margins(model.eval(), sample, tokenizer.pad_token_id).min() < MIN_MARGIN + 1:

@@ -47,7 +47,10 @@ def _run(command: list[str], env: dict[str, str], timeout: float) -> subprocess.
 
 
 @pytest.mark.parametrize("cpu", BELOW_NATIVE)
-def test_judge_built_on_a_lesser_cpu_passes_the_judge_tests(cpu, tmp_path):
+def test_judge_built_on_a_lesser_cpu_passes_the_judge_tests(cpu, tmp_path, tiny_models):
+    for kind, path in tiny_models.items():  # the untrained models as built here: only the judge is under test
+        if kind != "judge":
+            (tmp_path / kind).symlink_to(path.resolve(), target_is_directory=True)
     built = _run(
         [sys.executable, "-m", "tiny_models", "--out", str(tmp_path), "--kinds", "judge"], CPUS[cpu], 900
     )
