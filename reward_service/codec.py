@@ -67,12 +67,7 @@ def decode_sample(message: reward_pb2.Sample, index: int, limits: ScoreLimits | 
     the metadata as soon as its count passes ``max_metadata_chars``."""
     where = f"samples[{index}]"
     if limits is not None:
-        if len(message.completion_ids) > limits.max_completion_ids:
-            raise InvalidArgument(
-                f"{len(message.completion_ids)} token ids, at most "
-                f"max_completion_ids={limits.max_completion_ids}",
-                field=f"{where}.completion_ids",
-            )
+        limits.check_completion_ids(len(message.completion_ids), where)
         if len(message.prompt) > limits.max_prompt_chars:
             raise InvalidArgument(
                 f"{len(message.prompt)} messages, more than max_prompt_chars={limits.max_prompt_chars} "

@@ -46,6 +46,15 @@ class ScoreLimits:
     max_prompt_chars: int = 1 << 20
     max_metadata_chars: int = 1 << 20
 
+    def check_completion_ids(self, count: int, where: str) -> None:
+        """INVALID_ARGUMENT naming ``<where>.completion_ids`` when ``count`` ids are past the limit (checked
+        on the message by the codec, and again on the Sample for in-process callers)."""
+        if count > self.max_completion_ids:
+            raise InvalidArgument(
+                f"{count} token ids, at most max_completion_ids={self.max_completion_ids}",
+                field=f"{where}.completion_ids",
+            )
+
 
 def json_chars(value: Any) -> int:
     """Size of a JSON value in characters, roughly as serialised: the length of every string (keys too)
@@ -165,12 +174,7 @@ class Scorer:
                 f"{limits.max_completion_chars}",
                 field=f"{where}.completion",
             )
-        if len(sample.completion_ids) > limits.max_completion_ids:
-            raise InvalidArgument(
-                f"{len(sample.completion_ids)} token ids, at most "
-                f"max_completion_ids={limits.max_completion_ids}",
-                field=f"{where}.completion_ids",
-            )
+        limits.check_completion_ids(len(sample.completion_ids), where)
         metadata_chars = json_chars(sample.metadata)
         if metadata_chars > limits.max_metadata_chars:
             raise InvalidArgument(
