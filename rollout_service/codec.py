@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from google.protobuf import json_format, struct_pb2
 from grpo.common.v1 import common_pb2
 from grpo.rollout.v1 import rollout_pb2
 
 from grpo_runtime.errors import InvalidArgument
+from grpo_runtime.struct_codec import struct_dict
 from rollout_service.types import (
     CompletionResult,
     EpisodeSpec,
@@ -86,21 +86,12 @@ def decode_episode(msg: rollout_pb2.Episode, field: str = "episode") -> EpisodeS
     """``field``: where the episode is in the request (``prompts[2].episode``), for errors."""
     return EpisodeSpec(
         environment=msg.environment,
-        params=_struct_dict(msg.params, f"{field}.params"),
-        metadata=_struct_dict(msg.metadata, f"{field}.metadata"),
+        params=struct_dict(msg.params, f"{field}.params"),
+        metadata=struct_dict(msg.metadata, f"{field}.metadata"),
         max_turns=msg.max_turns if msg.HasField("max_turns") else None,
         max_tool_calls=msg.max_tool_calls if msg.HasField("max_tool_calls") else None,
         target=msg.target,
     )
-
-
-def _struct_dict(msg: struct_pb2.Struct, field: str) -> dict[str, Any]:
-    """A Struct as JSON values; INVALID_ARGUMENT(``field``) for what JSON cannot hold (a NaN or infinite
-    number)."""
-    try:
-        return json_format.MessageToDict(msg)
-    except ValueError as exc:
-        raise InvalidArgument(f"is not JSON: {exc}", field=field) from exc
 
 
 # -------------------------------------------------------------------- Prompt

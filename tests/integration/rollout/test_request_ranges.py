@@ -143,13 +143,13 @@ CASES = [
         "Generate",
         _generate(episode=rollout_pb2.Episode(environment="e", params=_struct(math.nan))),
         INVALID,
-        "prompts[0].episode.params",
+        "prompts[0].episode.params.x[0]",
     ),
     (
         "Generate",
         _generate(episode=rollout_pb2.Episode(environment="e", metadata=_struct(-math.inf))),
         INVALID,
-        "prompts[0].episode.metadata",
+        "prompts[0].episode.metadata.x[0]",
     ),
     (
         "Generate",

@@ -75,7 +75,7 @@ def test_an_episode_with_a_non_finite_number_is_refused_naming_the_field():
     request.prompts[0].episode.metadata["bad"] = math.nan
     with pytest.raises(InvalidArgument) as error:
         codec.decode_generate_request(request)
-    assert error.value.field == "prompts[0].episode.metadata"
+    assert error.value.field == "prompts[0].episode.metadata.bad"
 
 
 @pytest.mark.parametrize("env_reward", [None, 0.25])
