@@ -64,10 +64,10 @@ from grpo_runtime.call_errors import UnavailableError
 from grpo_runtime.config import ServerConfig
 from grpo_runtime.server import GrpcServer
 from rollout_service.client import CHUNK_BYTES, RolloutClient
-from rollout_service.payload import encode
 from rollout_service.server import binding, build_core
 from rollout_service.settings import RolloutSettings
 from rollout_service.types import GenerateRequest, PromptInput, SamplingSpec
+from rollout_service.weight_plane.payload import encode
 from rollout_service.weights import state_dict_bytes
 
 PROMPTS = [

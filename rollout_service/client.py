@@ -16,7 +16,7 @@
         rollout.push_lora("out/adapter", version=1)          # a PEFT save_pretrained directory, or
         rollout.push_lora(lora_state_dict, version=2, adapter_config=peft_config.to_dict())
         rollout.push_state_dict(model.state_dict(), version=3)  # full or partial
-        payload = encode(model.state_dict())                    # rollout_service.payload
+        payload = encode(model.state_dict())                    # rollout_service.weight_plane.payload
         for replica in replicas:                                # one encoding and SHA-256 for all
             replica.push_weights(payload, version=4, format="state_dict")
         rollout.load_weights("/shared/ckpt-5", version=5)       # a directory the server can read
@@ -68,41 +68,41 @@ from rollout_service.types import (
 if TYPE_CHECKING:  # at run time, the module __getattr__ below
     import torch
 
-    from rollout_service.core.weight_channel import (
+    from rollout_service.weight_plane.buckets import (
         DEFAULT_BUCKET_BYTES,
-        BucketFiles,
         BucketPlan,
-        ChannelApplied,
         fill_bucket,
         plan_buckets,
-        shares_directory,
     )
-    from rollout_service.engines.torch_group import BroadcastGroup, GroupSpec
-    from rollout_service.payload import EncodedPayload, encode
+    from rollout_service.weight_plane.distributed import BroadcastGroup, GroupSpec
+    from rollout_service.weight_plane.manifest import ChannelApplied
+    from rollout_service.weight_plane.payload import EncodedPayload, encode
+    from rollout_service.weight_plane.shared_memory import BucketFiles, shares_directory
 
 # Measured on loopback with grpcio 1.85 (bare bytes between two processes, no Python work per
 # message): 256 KiB-2 MiB messages stream at ~1.0-1.1 GB/s, 4-16 MiB ones at 0.5-0.8 GB/s.
 CHUNK_BYTES = 2 * 1024 * 1024
 UPDATE_WEIGHTS = "/grpo.rollout.v1.RolloutService/UpdateWeights"
 
-# What a weight push needs and this module re-exports for the trainer, by the module defining it. Each of
-# those modules imports torch (seconds, and a CUDA context's worth of memory on a GPU machine), so they
-# are imported at the first weight push or the first use of the name (module ``__getattr__``), never by
-# importing this module: a client that only generates or reads the status loads no torch.
+# What a weight push needs from the weight data plane (rollout_service.weight_plane), which this module
+# re-exports for the trainer, by the module defining it. Each of those modules imports torch (seconds, and
+# a CUDA context's worth of memory on a GPU machine), so they are imported at the first weight push or the
+# first use of the name (module ``__getattr__``), never by importing this module: a client that only
+# generates or reads the status loads no torch.
 TORCH_SIDE = {
-    "DEFAULT_BUCKET_BYTES": "rollout_service.core.weight_channel",
-    "BucketFiles": "rollout_service.core.weight_channel",
-    "BucketPlan": "rollout_service.core.weight_channel",
-    "ChannelApplied": "rollout_service.core.weight_channel",
-    "ChannelManifest": "rollout_service.core.weight_channel",
-    "fill_bucket": "rollout_service.core.weight_channel",
-    "plan_buckets": "rollout_service.core.weight_channel",
-    "shares_directory": "rollout_service.core.weight_channel",
-    "BroadcastGroup": "rollout_service.engines.torch_group",
-    "GroupSpec": "rollout_service.engines.torch_group",
-    "EncodedPayload": "rollout_service.payload",
-    "encode": "rollout_service.payload",
-    "adapter_dir_payload": "rollout_service.weights",
+    "DEFAULT_BUCKET_BYTES": "rollout_service.weight_plane.buckets",
+    "BucketPlan": "rollout_service.weight_plane.buckets",
+    "fill_bucket": "rollout_service.weight_plane.buckets",
+    "plan_buckets": "rollout_service.weight_plane.buckets",
+    "ChannelApplied": "rollout_service.weight_plane.manifest",
+    "ChannelManifest": "rollout_service.weight_plane.manifest",
+    "BucketFiles": "rollout_service.weight_plane.shared_memory",
+    "shares_directory": "rollout_service.weight_plane.shared_memory",
+    "BroadcastGroup": "rollout_service.weight_plane.distributed",
+    "GroupSpec": "rollout_service.weight_plane.distributed",
+    "EncodedPayload": "rollout_service.weight_plane.payload",
+    "encode": "rollout_service.weight_plane.payload",
+    "adapter_dir_payload": "rollout_service.weight_plane.payload",
 }
 WEIGHT_CODEC = "rollout_service.weight_codec"
 
@@ -221,7 +221,7 @@ class RolloutClient(ServiceClient):
         """Stream one safetensors payload in chunks (header on the first chunk, SHA-256 included).
 
         ``payload``: the file's bytes, or an :class:`EncodedPayload` (views of tensors, from
-        ``rollout_service.payload.encode``), streamed without building the file.
+        ``rollout_service.weight_plane.payload.encode``), streamed without building the file.
         ``format``: WeightFormat or "lora" / "state_dict"; ``adapter_config`` is required for LoRA
         (a dict or the adapter_config.json text).
         """

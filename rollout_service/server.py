@@ -19,9 +19,10 @@ from grpo_runtime.env_client import EnvironmentClient
 from grpo_runtime.server import ServiceBinding
 from rollout_service.api.rollout import RolloutServicer
 from rollout_service.core.rollout import RolloutCore
-from rollout_service.core.weight_channel import SharedMemoryDir, WeightChannel
+from rollout_service.core.weight_channel import WeightChannel
 from rollout_service.engines.registry import build_engine, check_model_dir
 from rollout_service.settings import RolloutSettings
+from rollout_service.weight_plane.shared_memory import SharedMemoryDir
 from rollout_service.weights import ParamCatalog
 
 DEFAULT_PORT = 50052

@@ -1,7 +1,8 @@
 """The torch side of the rollout service's codec (:mod:`rollout_service.codec`): the ``UpdateWeights``
 chunk stream, ``OpenWeightChannel``'s group and ``UpdateWeightsFromChannel``'s manifest and reply, both
 directions of each, for the servicer and the client. Their domain types (payload buffers, bucket layouts,
-torch.distributed groups) import torch, so the client imports this module at its first weight push only.
+torch.distributed groups: :mod:`rollout_service.weight_plane`) import torch, so the client imports this
+module at its first weight push only.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from grpo.rollout.v1 import rollout_pb2
 
 from grpo_runtime.errors import InvalidArgument
 from rollout_service.codec import decode_reported_transport, decode_weight_format, decode_weight_transport
-from rollout_service.core.weight_channel import ChannelApplied, ChannelManifest, TensorLayout
-from rollout_service.engines.torch_group import GroupSpec
-from rollout_service.payload import EncodedPayload, PayloadReceiver
 from rollout_service.types import WeightFormat, WeightPayload, WeightTransport
+from rollout_service.weight_plane.distributed import GroupSpec
+from rollout_service.weight_plane.manifest import ChannelApplied, ChannelManifest, TensorLayout
+from rollout_service.weight_plane.payload import EncodedPayload, PayloadReceiver
 
 # OpenWeightChannel's default wait for the group to form, in seconds.
 DEFAULT_JOIN_TIMEOUT_S = 60.0

@@ -25,13 +25,12 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from grpo_runtime.errors import InvalidArgument
-from rollout_service import payload as codec
 from rollout_service.confined_files import confined_directory, read_confined
 from rollout_service.types import WeightFormat, WeightPayload
+from rollout_service.weight_plane import payload as codec
+from rollout_service.weight_plane.payload import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 PEFT_PREFIX = "base_model.model."
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # The dtypes models are served in. Others are refused: float8 and integers are no weights to
 # copy into a float model, and float64 values beyond float32's range would turn into inf.
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -412,9 +411,3 @@ def state_dict_bytes(state_dict: dict[str, torch.Tensor]) -> bytes:
     """Serialize tensors to one safetensors file (as bytes; :func:`codec.encode` streams the
     same file without building it). Tensors sharing storage (tied embeddings) are allowed."""
     return codec.encode(state_dict).to_bytes()
-
-
-def adapter_dir_payload(adapter_dir: str | Path) -> tuple[bytes, str]:
-    """(safetensors bytes, adapter_config.json text) of a PEFT adapter saved with save_pretrained."""
-    directory = Path(adapter_dir)
-    return (directory / ADAPTER_WEIGHTS).read_bytes(), (directory / ADAPTER_CONFIG).read_text()

@@ -25,15 +25,8 @@ from rollout_service.core.scheduler import BatchScheduler
 from rollout_service.core.sleep import SleepState
 from rollout_service.core.validation import RequestValidator, check_completions
 from rollout_service.core.versioning import ReadWriteLock, UpdatePause, VersionState
-from rollout_service.core.weight_channel import (
-    ChannelApplied,
-    ChannelManifest,
-    WeightChannel,
-    check_manifest,
-    tensors_in_buckets,
-)
+from rollout_service.core.weight_channel import WeightChannel
 from rollout_service.engines.base import Engine
-from rollout_service.engines.torch_group import GroupSpec
 from rollout_service.settings import EpisodeSettings
 from rollout_service.types import (
     CompletionResult,
@@ -47,6 +40,9 @@ from rollout_service.types import (
     WeightsApplied,
     WeightTransport,
 )
+from rollout_service.weight_plane.buckets import tensors_in_buckets
+from rollout_service.weight_plane.distributed import GroupSpec
+from rollout_service.weight_plane.manifest import ChannelApplied, ChannelManifest, check_manifest
 from rollout_service.weights import (
     ParamCatalog,
     ValidatedUpdate,

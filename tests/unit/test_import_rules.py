@@ -30,8 +30,10 @@ reward_service:
 
 rollout_service:
 
-    0  types.py, payload.py, confined_files.py,  domain types, the weight payload codec, confined file access
-       settings.py
+    0  types.py, confined_files.py, settings.py  domain types, confined file access
+       weight_plane/                             the weight data plane both sides share: payloads, buckets,
+                                                 manifests, shared memory, torch.distributed (it imports no
+                                                 core, engine or servicer, and nothing of the trainer's)
     1  memory.py, weights.py                     process memory; weight validation against the model
     2  engines/                                  generation engines (HF, vLLM) behind engines/base.py
     3  core/                                     the data plane over an engine (core imports engines, never
@@ -94,7 +96,7 @@ LAYERS = {
     "reward_service.__main__": 8,
     "rollout_service": 0,
     "rollout_service.types": 0,
-    "rollout_service.payload": 0,
+    "rollout_service.weight_plane": 0,
     "rollout_service.confined_files": 0,
     "rollout_service.settings": 0,
     "rollout_service.memory": 1,
@@ -214,6 +216,49 @@ def test_rollout_engines_never_import_the_core(module):
         if (imported + ".").startswith("rollout_service.core.")
     ]
     assert not core, f"{module} imports the core: {core}"
+
+
+WEIGHT_PLANE = sorted(m for m in ALL_MODULES if m.startswith("rollout_service.weight_plane"))
+# What the weight data plane must not know: the replica's server side, and the trainer.
+ABOVE_THE_WEIGHT_PLANE = (
+    "rollout_service.core.",
+    "rollout_service.engines.",
+    "rollout_service.api.",
+    "rollout_service.server.",
+    "trainer_service.",
+)
+
+
+@pytest.mark.parametrize("module", WEIGHT_PLANE)
+def test_the_weight_plane_knows_neither_the_replica_nor_the_trainer(module):
+    """Both sides send and receive weights with the same package, so it holds the contract alone: the
+    replica's core, engines and servicer and the trainer use it, never the other way round."""
+    found = [
+        f"line {line}: {imported}"
+        for line, imported in imports(ALL_MODULES[module])
+        if (imported + ".").startswith(ABOVE_THE_WEIGHT_PLANE)
+    ]
+    assert not found, f"{module} imports a user of the weight plane: {found}"
+
+
+def test_the_rollout_client_loads_the_weight_plane_at_a_push_and_no_server_module():
+    """Importing the client loads neither torch nor the weight plane; what a push needs (the plane's names
+    and the weight codec) loads torch and the plane, and still no core, engine or servicer module."""
+    code = (
+        "import json, sys\n"
+        "import rollout_service.client as client\n"
+        "def loaded(*prefixes):\n"
+        "    return sorted(m for m in sys.modules if (m + '.').startswith(prefixes))\n"
+        "before = loaded('torch.', 'rollout_service.weight_plane.')\n"
+        "client.encode, client.plan_buckets, client.BucketFiles, client.GroupSpec\n"
+        "import rollout_service.weight_codec\n"
+        f"server = loaded(*{ABOVE_THE_WEIGHT_PLANE[:4]!r})\n"
+        "print(json.dumps([before, 'torch' in sys.modules, server]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [[], True, []]
 
 
 def import_graph() -> dict[str, set[str]]:

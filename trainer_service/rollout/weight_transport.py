@@ -10,7 +10,7 @@ Choice (``mode`` = ``training.weight_transport``):
 
 A channel push that fails with FAILED_PRECONDITION or UNAVAILABLE (the replica restarted, lost its
 channel, the group broke) is redone on the stream at once, and the replica's transport is chosen
-again at the next push. Buckets: :func:`rollout_service.core.weight_channel.plan_buckets`.
+again at the next push. Buckets: :func:`rollout_service.weight_plane.buckets.plan_buckets`.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
-from rollout_service.payload import DTYPES, encode
 from rollout_service.settings import RolloutSettings
+from rollout_service.weight_plane.payload import DTYPES, encode
 from tests.integration.rollout.fixtures import rollout_server_thread
 
 VOCAB = 513

@@ -20,8 +20,8 @@ from grpo.rollout.v1 import rollout_pb2
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
-from rollout_service.payload import encode
 from rollout_service.settings import RolloutSettings
+from rollout_service.weight_plane.payload import encode
 from tests.integration.rollout.fixtures import rollout_server_thread
 from tests.support.statuses import failure
 

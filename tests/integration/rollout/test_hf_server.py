@@ -17,9 +17,9 @@ from transformers import AutoModelForCausalLM
 
 from grpo_runtime.config import ServerConfig
 from rollout_service.client import RolloutClient
-from rollout_service.payload import encode
 from rollout_service.settings import RolloutSettings
 from rollout_service.types import FinishReason, WeightFormat
+from rollout_service.weight_plane.payload import encode
 from tests.integration.rollout.fixtures import rollout_server_thread
 from tests.support.statuses import failure
 

@@ -14,10 +14,12 @@ from transformers import AutoModelForCausalLM
 
 from grpo_runtime.config import ServerConfig
 from rollout_service.client import RolloutClient
-from rollout_service.core.weight_channel import BucketFiles, TensorLayout, fill_bucket, plan_buckets
-from rollout_service.engines.torch_group import BroadcastGroup, GroupSpec
 from rollout_service.settings import RolloutSettings
 from rollout_service.types import WeightFormat, WeightTransport
+from rollout_service.weight_plane.buckets import fill_bucket, plan_buckets
+from rollout_service.weight_plane.distributed import BroadcastGroup, GroupSpec
+from rollout_service.weight_plane.manifest import TensorLayout
+from rollout_service.weight_plane.shared_memory import BucketFiles
 from tests.integration.rollout.fixtures import rollout_server_thread
 from tests.support.statuses import failure
 from trainer_service.rollout.weight_transport import WeightTransports, free_port

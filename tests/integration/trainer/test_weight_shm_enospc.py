@@ -16,9 +16,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rollout_service.client import RolloutClient, shares_directory
-from rollout_service.core.weight_channel import BucketFiles, plan_buckets
 from rollout_service.settings import RolloutSettings
 from rollout_service.types import WeightTransport
+from rollout_service.weight_plane.buckets import plan_buckets
+from rollout_service.weight_plane.shared_memory import BucketFiles
 from tests.integration.rollout.fixtures import rollout_server_thread
 from trainer_service.rollout.weight_transport import WeightTransports
 

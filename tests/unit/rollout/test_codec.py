@@ -12,9 +12,6 @@ from grpo.rollout.v1 import rollout_pb2
 
 from grpo_runtime.errors import InvalidArgument
 from rollout_service import codec, weight_codec
-from rollout_service.core.weight_channel import ChannelApplied, ChannelManifest, plan_buckets
-from rollout_service.engines.torch_group import GroupSpec
-from rollout_service.payload import encode
 from rollout_service.types import (
     CompletionResult,
     EpisodeSpec,
@@ -30,6 +27,10 @@ from rollout_service.types import (
     WeightsApplied,
     WeightTransport,
 )
+from rollout_service.weight_plane.buckets import plan_buckets
+from rollout_service.weight_plane.distributed import GroupSpec
+from rollout_service.weight_plane.manifest import ChannelApplied, ChannelManifest
+from rollout_service.weight_plane.payload import encode
 
 
 def wire(message):

@@ -12,10 +12,11 @@ from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
 from grpo_runtime.errors import InvalidArgument, ResourceExhausted
-from rollout_service import payload as codec
 from rollout_service.types import WeightFormat, WeightPayload
+from rollout_service.weight_plane import payload as codec
 from rollout_service.weights import (
     ParamCatalog,
+    all_finite,
     read_directory,
     sha256_hex,
     state_dict_bytes,
@@ -237,3 +238,15 @@ def test_payload_receiver_caps_declared_and_streamed_sizes():
 def test_the_default_payload_cap_fits_two_float32_copies_of_the_model(catalog):
     numel = sum(math.prod(shape) for shape in catalog.shapes.values())
     assert catalog.max_payload_bytes == 8 * numel + (1 << 20)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_all_finite_finds_one_bad_value_anywhere(dtype, bad):
+    values = torch.randn(3 * (1 << 20) + 2).to(dtype)
+    assert all_finite(values)
+    for index in (0, 1 << 20, len(values) - 1):
+        spoiled = values.clone()
+        spoiled[index] = bad
+        assert not all_finite(spoiled.reshape(-1, 7)), index
+    assert all_finite(torch.tensor([torch.finfo(dtype).max, torch.finfo(dtype).min], dtype=dtype))

@@ -21,6 +21,8 @@ first-touch page faults). Here:
   the SHA-256 as they come, so the checksum is ready when the last chunk lands;
 - :func:`parse` returns tensors that are views into that buffer, after checking the header
   as strictly as the safetensors library does (bounds, contiguous offsets, sizes).
+
+A PEFT adapter saved with ``save_pretrained`` already is such a file (:func:`adapter_dir_payload`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import json
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -60,6 +63,9 @@ DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 MAX_HEADER_BYTES = 100_000_000
 HEADER_ALIGN = 8
 METADATA_KEY = "__metadata__"
+# The files of a PEFT adapter saved with ``save_pretrained``.
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 Buffer = bytes | bytearray | memoryview
 
@@ -316,3 +322,9 @@ class PayloadReceiver:
         else:
             data = b"".join(self._parts)
         return data, self._digest.hexdigest()
+
+
+def adapter_dir_payload(adapter_dir: str | Path) -> tuple[bytes, str]:
+    """(safetensors bytes, adapter_config.json text) of a PEFT adapter saved with save_pretrained."""
+    directory = Path(adapter_dir)
+    return (directory / ADAPTER_WEIGHTS).read_bytes(), (directory / ADAPTER_CONFIG).read_text()

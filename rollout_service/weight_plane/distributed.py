@@ -1,16 +1,20 @@
-"""A torch.distributed group of its own for broadcasting weight buckets, outside the default group.
+"""Buckets broadcast over a torch.distributed group of its own, outside the default group.
 
 The trainer may itself run in an accelerate / FSDP default process group, and a rollout replica has
 none, so neither ``init_process_group`` nor ``new_group`` fits: the group is built directly from a
 ``TCPStore`` (the trainer, rank 0, hosts it at ``tcp://host:port``) and a ``ProcessGroupGloo`` (CPU
 tensors) or ``ProcessGroupNCCL`` (CUDA tensors) on it, the way vLLM's ``StatelessProcessGroup``
-and TRL's ``vllm-serve`` weight sync do. Every call here blocks; callers run them in a thread.
+and TRL's ``vllm-serve`` weight sync do. Every call of :class:`BroadcastGroup` blocks; callers run them in a
+thread. A replica joins through :class:`GroupJoiner`, which waits for a join at most its timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
+import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,7 +23,7 @@ from urllib.parse import urlsplit
 import torch
 import torch.distributed as dist
 
-from grpo_runtime.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
+from grpo_runtime.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted
 
 BACKENDS = ("gloo", "nccl")
 STORE_PREFIX = "grpo-weights"
@@ -29,6 +33,10 @@ MAX_WORLD_SIZE = 4096
 MAX_TIMEOUT_S = 3600.0
 # A DNS name has at most 253 characters.
 MAX_HOST_CHARS = 253
+# Abandoned joins (threads torch still holds past the join's timeout) allowed at once.
+MAX_ABANDONED_JOINS = 4
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -157,3 +165,110 @@ class BroadcastGroup:
             with contextlib.suppress(RuntimeError):
                 group.abort()
         self._store = None
+
+
+@dataclass
+class _JoinAttempt:
+    """One join on its thread. ``wakeup`` is set on the caller's loop when the join ended; the other
+    fields are guarded by the joiner's lock."""
+
+    spec: GroupSpec
+    wakeup: asyncio.Future[None]
+    group: BroadcastGroup | None = None
+    error: BaseException | None = None
+    finished: bool = False
+    abandoned: bool = False
+
+
+class GroupJoiner:
+    """Joins torch.distributed groups, each on a daemon thread of its own, and waits for each at most
+    its ``timeout_s``.
+
+    torch bounds most of a join by that timeout but not all of it: a store address that accepts the
+    connection and never answers blocks the store's handshake in a receive without a timeout. Such a
+    join is *abandoned*: the caller gets DEADLINE_EXCEEDED at the timeout, and the thread, a daemon that
+    holds no lock and does not hold up the process's exit, closes whatever group it still makes and ends
+    when the peer closes the connection. At most ``max_abandoned`` abandoned joins may wait at once; past
+    them a join is RESOURCE_EXHAUSTED.
+    """
+
+    def __init__(self, max_abandoned: int = MAX_ABANDONED_JOINS) -> None:
+        self.max_abandoned = max_abandoned
+        self._lock = threading.Lock()
+        self._abandoned = 0
+
+    @property
+    def abandoned(self) -> int:
+        """Abandoned joins whose threads still wait."""
+        with self._lock:
+            return self._abandoned
+
+    async def join(self, spec: GroupSpec, device: str) -> BroadcastGroup:
+        """The joined group; DEADLINE_EXCEEDED once ``spec.timeout_s`` passed, FAILED_PRECONDITION when
+        torch refused sooner."""
+        with self._lock:
+            if self._abandoned >= self.max_abandoned:
+                raise ResourceExhausted(
+                    f"{self._abandoned} abandoned joins still wait inside torch (at most "
+                    f"{self.max_abandoned}); each ends when torch gives up or its peer closes the connection"
+                )
+        loop = asyncio.get_running_loop()
+        attempt = _JoinAttempt(spec, loop.create_future())
+        thread = threading.Thread(
+            target=self._run, args=(attempt, device, loop), name="weight-group-join", daemon=True
+        )
+        thread.start()
+        try:
+            await asyncio.wait({attempt.wakeup}, timeout=spec.timeout_s)
+        except BaseException:  # the call was cancelled: nobody takes the group
+            group, _ = self._settle(attempt)
+            if group is not None:
+                group.close()
+            raise
+        group, error = self._settle(attempt)
+        if error is not None:
+            raise error
+        assert group is not None
+        return group
+
+    def _settle(self, attempt: _JoinAttempt) -> tuple[BroadcastGroup | None, BaseException | None]:
+        """What the join ended with, or, while it still runs, abandon it."""
+        with self._lock:
+            if attempt.finished:
+                return attempt.group, attempt.error
+            attempt.abandoned = True
+            self._abandoned += 1
+        log.warning(
+            "abandoned a join of the weight group at %s (timeout %g s) that torch had not ended: it retries "
+            "a refused connection past the timeout, and waits for a silent peer's answer for good",
+            attempt.spec.init_method,
+            attempt.spec.timeout_s,
+        )
+        return None, attempt.spec.not_formed("torch did not give up in time; the join is abandoned")
+
+    def _run(self, attempt: _JoinAttempt, device: str, loop: asyncio.AbstractEventLoop) -> None:
+        """The join itself (on its own thread): hand the outcome over, or close an abandoned join's group."""
+        group: BroadcastGroup | None = None
+        error: BaseException | None = None
+        try:
+            group = BroadcastGroup(attempt.spec, device)
+        except BaseException as exc:  # handed to the caller, whatever it is
+            error = exc
+        with self._lock:
+            attempt.finished = True
+            abandoned = attempt.abandoned
+            if abandoned:
+                self._abandoned -= 1
+            else:
+                attempt.group, attempt.error = group, error
+        if abandoned:
+            if group is not None:
+                group.close()
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(_wake, attempt.wakeup)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

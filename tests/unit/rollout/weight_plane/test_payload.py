@@ -16,7 +16,7 @@ from safetensors.torch import load as library_load
 from safetensors.torch import save as library_save
 
 from grpo_runtime.errors import InvalidArgument
-from rollout_service.payload import PayloadReceiver, encode, parse
+from rollout_service.weight_plane.payload import PayloadReceiver, encode, parse
 
 
 def mixed_tensors() -> dict[str, torch.Tensor]:
