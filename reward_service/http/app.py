@@ -16,24 +16,19 @@ Python, and this loop also serves gRPC. A connection gets ``http.header_timeout_
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import re
-import ssl
 
 from aiohttp import web
 
-from grpo_runtime.config import ServerConfig
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, ServiceError
-from grpo_runtime.server import BindError
+from grpo_runtime.http_companion import HttpCompanion
+from grpo_runtime.http_metrics import HttpMetrics
 from reward_service.core.bounds import reward_bounds
 from reward_service.core.scorer import Scorer
 from reward_service.core.types import Sample
 from reward_service.http import openrlhf
-from reward_service.http.metrics import HttpMetrics
 from reward_service.http.settings import HttpSettings
-
-log = logging.getLogger(__name__)
 
 # The scorer names fields after ScoreRequest (samples[3].metadata, rewards[1].weight): each as what the
 # caller sent. Rewards named by the configuration (no ?rewards=) are the config's http.rewards entries.
@@ -149,54 +144,18 @@ class RewardHttpApi:
         return web.json_response({"status": "SERVING", "in_flight": self._scorer.in_flight})
 
 
-def _ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
-    """The gRPC server's TLS (and mutual TLS) settings for HTTPS; None when TLS is off."""
-    if not config.tls_enabled:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(str(config.tls_cert_file), str(config.tls_key_file))
-    if config.tls_client_ca_file is not None:
-        context.load_verify_locations(str(config.tls_client_ca_file))
-        context.verify_mode = ssl.CERT_REQUIRED
-    return context
-
-
-class HttpEndpoint:
-    """The API as a companion of the gRPC server (``grpo_runtime.server.Companion``): on the server's host,
-    with its TLS files, stopped with it. ``metrics`` is the collector the server exports (the binding's
-    ``collectors``)."""
+class HttpEndpoint(HttpCompanion):
+    """The API as a companion of the gRPC server: on the server's host, with its TLS files, stopped with it.
+    ``metrics`` is the collector the server exports (the binding's ``collectors``)."""
 
     def __init__(self, scorer: Scorer, settings: HttpSettings):
         if settings.port is None:
             raise ValueError("HttpEndpoint needs http.port")
-        self.metrics = HttpMetrics()
-        self._api = RewardHttpApi(scorer, settings, self.metrics)
-        self._requested_port = settings.port
-        self._header_timeout_s = settings.header_timeout_s
-        self._runner: web.AppRunner | None = None
-        self.port: int | None = None
-
-    async def start(self, config: ServerConfig) -> None:
-        # aiohttp's keep-alive timer also runs from a connection's opening and is only reset by a complete
-        # request: a client that trickles its headers is closed when it fires.
-        runner = web.AppRunner(
-            self._api.app,
-            access_log=None,
-            shutdown_timeout=config.grace_period_s,
-            keepalive_timeout=self._header_timeout_s,
+        metrics = HttpMetrics()
+        super().__init__(
+            RewardHttpApi(scorer, settings, metrics).app,
+            settings.port,
+            header_timeout_s=settings.header_timeout_s,
+            metrics=metrics,
+            what="OpenRLHF /get_reward",
         )
-        await runner.setup()
-        site = web.TCPSite(runner, config.host, self._requested_port, ssl_context=_ssl_context(config))
-        try:
-            await site.start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise BindError(f"cannot bind HTTP {config.host}:{self._requested_port}: {exc.strerror}") from exc
-        self._runner = runner
-        self.port = runner.addresses[0][1]
-        log.info("HTTP endpoint (OpenRLHF /get_reward) on %s:%d", config.host, self.port)
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None

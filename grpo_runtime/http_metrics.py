@@ -1,4 +1,5 @@
-"""Prometheus metrics of the HTTP endpoint, exported on the gRPC server's ``/metrics`` beside the RPC metrics.
+"""Prometheus metrics of a service's HTTP endpoint (:mod:`grpo_runtime.http_companion`), exported on the
+gRPC server's ``/metrics`` beside the RPC metrics.
 
 - ``grpo_http_requests_total{path,method,code}``: finished requests by route, HTTP method and status code
   (``200``, ``400``, ``413``, ``429``, ...; ``cancelled`` when the client went away first), the HTTP
