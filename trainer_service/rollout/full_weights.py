@@ -6,7 +6,8 @@ main process to send tensor i between the gathers of tensors i and i+1, the othe
 gather i+1 while it blocks on I/O (or in another process group), and a send that fails would leave them
 waiting there for good (TRL #7103: ``full_tensor()`` interleaved with rank 0's send hung FSDP2 runs). Here
 all gathers finish first, on every rank, in one fixed order; a failure while sending happens on the main
-process alone and is shared with the other ranks by :class:`~trainer_service.rollout.weight_sync.WeightSync`.
+process alone and is shared with the other ranks by
+:meth:`~trainer_service.rollout.policy_versions.PolicyVersions.on_main`.
 
 - FSDP2 (``fully_shard``): each parameter is a ``DTensor`` holding this rank's shard; its ``full_tensor()`` is
   one all-gather. :func:`gather_full_tensors` runs them in sorted-name order (identical on every rank: the

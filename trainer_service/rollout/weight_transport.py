@@ -1,6 +1,6 @@
 """The trainer's end of the weight data plane: per replica, the fastest transport it can join.
 
-Choice (``mode`` = ``training.weight_transport``):
+Choice (``mode`` = ``training.rollout.weight_transport``):
 
 - ``auto`` / ``shared_memory``: shared memory when the replica reports a ``weight_shm_dir`` whose
   token file this process reads with the same token (same host, same memory), else the stream;

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from grpo_runtime.call_errors import InvalidArgumentError, UnavailableError
+from trainer_service.rollout.policy_versions import WeightPushError
 from trainer_service.rollout.replicas import ReplicaAddress, RolloutUnavailable
-from trainer_service.rollout.weight_sync import WeightPushError, WeightSync, WeightSyncCallback
+from trainer_service.rollout.weight_sync import WeightSync, WeightSyncCallback
 
 ADDRESS = "127.0.0.1:50052"
 
