@@ -13,13 +13,21 @@ against user-supplied JSON schemas, whose regular expressions can backtrack with
 reasoning-gym's scoring code on caller metadata: any module-level function can be a job (``run``; see
 ``worker``).
 
+Jobs of several items (``run_many``, ``check_many``): a job carries up to ``MAX_JOB_ITEMS`` argument tuples of
+one function, travels to its worker in one pipe write and is answered item by item, so the G completions of a
+group cost one hop instead of G and meet the same worker's caches. Each item keeps its own deadline (from the
+moment its worker starts it) and its own result. A kill costs the other items of its job nothing but a wait:
+the items answered before the overrunning one keep their results, the overrunning one gets the deadline error
+(as a job of one item would), and the items after it go back to the front of the queue and run on the
+replacement worker (or another one).
+
 Scheduling: a sample waits in the queue of the worker its gold answer hashes to, so the G completions of a
 group meet that worker's caches (parsed gold, verdicts; see ``worker``); a worker whose own queue is empty
-takes work from the longest other queue, so a batch still spreads over every core. One driver coroutine per
-worker keeps up to ``PIPELINE_DEPTH`` samples in that worker's pipe, so a worker starts its next sample as
-soon as it finishes one instead of waiting for this (busy) event loop to hand it over. A sample's deadline
-runs from the moment its worker starts it (when the sample before it in the pipe finished). When a worker is
-killed, the sample queued behind the overrunning one goes back to the front of its queue.
+takes work (a whole job) from the longest other queue, so a batch still spreads over every core. One driver
+coroutine per worker keeps up to ``PIPELINE_DEPTH`` jobs in that worker's pipe, so a worker starts its next
+job as soon as it finishes one instead of waiting for this (busy) event loop to hand it over. A sample's
+deadline runs from the moment its worker starts it (when the sample before it finished). When a worker is
+killed, the samples queued behind the overrunning one go back to the front of its queue.
 
 Start the pool before the gRPC server (``await pool.start()``).
 """
@@ -33,7 +41,7 @@ import logging
 import multiprocessing
 import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -47,6 +55,9 @@ log = logging.getLogger(__name__)
 _CONTEXT = multiprocessing.get_context("spawn")
 STARTUP_TIMEOUT_S = 120.0
 PIPELINE_DEPTH = 2
+# Items of one job at most: one pipe round trip and one worker's caches for a GRPO group's completions
+# (G is typically 8 to 16), while a batch of groups still spreads over every worker.
+MAX_JOB_ITEMS = 8
 # Jobs larger than this are only written to an idle worker: a socketpair holds at least this much, so a
 # smaller write never blocks the event loop.
 PIPE_BUFFER_BYTES = 32 * 1024
@@ -61,9 +72,39 @@ class _Abandoned(Exception):
 
 @dataclass
 class _Job:
-    payload: bytes  # the pickled ``(function, args)`` the worker runs, see ``worker._run``
-    deadline_s: float
-    result: asyncio.Future[tuple[float | None, str]] = field(repr=False)
+    """``function(*args)`` for each args of ``items``, answered in order by one worker."""
+
+    function: Callable[..., worker.Result]
+    items: list[tuple[Any, ...]]
+    results: list[asyncio.Future[worker.Result]] = field(repr=False)
+    deadline_s: float  # of each item
+    answered: int = 0  # items whose reply arrived
+    payload: bytes = field(init=False, repr=False)  # the pickled ``(function, items)``, see ``worker.serve``
+
+    def __post_init__(self) -> None:
+        self.payload = pickle.dumps((self.function, self.items), protocol=pickle.HIGHEST_PROTOCOL)
+
+    @property
+    def current(self) -> asyncio.Future[worker.Result]:
+        """The result of the item the worker computes (or will compute) next."""
+        return self.results[self.answered]
+
+    def wanted(self) -> bool:
+        """Whether a caller still waits for one of the items not yet answered."""
+        return not all(r.done() for r in self.results[self.answered :])
+
+    def rest(self) -> _Job | None:
+        """The items after the current one, as a job of their own (None when there are none)."""
+        after = self.answered + 1
+        if after >= len(self.items):
+            return None
+        return _Job(self.function, self.items[after:], self.results[after:], self.deadline_s)
+
+    def close(self, error: str) -> None:
+        """Gives every item still waiting ``(None, error)``."""
+        for result in self.results[self.answered :]:
+            if not result.done():
+                result.set_result((None, error))
 
 
 class _Worker:
@@ -106,8 +147,9 @@ class _Worker:
 
 
 class CheckerPool:
-    """``await pool.run(function, *args, key=...)`` → ``(value, error)`` computed in a worker process;
-    ``check`` (math-verify) and ``check_json_schema`` are such jobs."""
+    """``await pool.run(function, *args, key=...)`` → ``(value, error)`` computed in a worker process
+    (``run_many``: a list of them); ``check``/``check_many`` (math-verify) and ``check_json_schema`` are
+    such jobs."""
 
     def __init__(self, settings: CheckerSettings):
         self.settings = settings
@@ -190,10 +232,21 @@ class CheckerPool:
     ) -> tuple[float | None, str]:
         """Verifies one completion against its gold answer with ``options``' extraction and comparison;
         see ``worker.check_answer``."""
+        [result] = await self.check_many(gold, [completion], deadline_s, options)
+        return result
+
+    async def check_many(
+        self,
+        gold: str,
+        completions: Sequence[str],
+        deadline_s: float | None = None,
+        options: MathVerifyOptions = TRL,
+    ) -> list[tuple[float | None, str]]:
+        """``check`` of each completion against one gold, in jobs of up to ``MAX_JOB_ITEMS`` completions
+        (a group's completions: one hop per job, one worker's parsed gold and verdicts)."""
         timeouts = (self.settings.parse_timeout_s, self.settings.verify_timeout_s)
-        return await self.run(
-            worker.check_answer, gold, completion, *timeouts, options, key=gold, deadline_s=deadline_s
-        )
+        items = [(gold, completion, *timeouts, options) for completion in completions]
+        return await self.run_many(worker.check_answer, items, key=gold, deadline_s=deadline_s)
 
     async def check_json_schema(
         self, schema: Any, completion: str, partial: bool, deadline_s: float | None = None
@@ -214,26 +267,41 @@ class CheckerPool:
         setting) from the moment the worker starts it. ``function`` is a module-level function (it pickles
         by name) returning ``(value, error)``; its arguments pickle by value. Jobs of equal ``key`` wait in
         the same worker's queue, so they meet that worker's caches."""
+        [result] = await self.run_many(function, [args], key=key, deadline_s=deadline_s)
+        return result
+
+    async def run_many(
+        self,
+        function: Callable[..., tuple[float | None, str]],
+        items: Sequence[tuple[Any, ...]],
+        *,
+        key: str,
+        deadline_s: float | None = None,
+    ) -> list[tuple[float | None, str]]:
+        """``run(function, *args)`` for each args of ``items``, results in their order: jobs of up to
+        ``MAX_JOB_ITEMS`` items, each sent to one worker in one pipe write (see the module docstring for
+        what a kill costs a job's other items)."""
         if self._closed:
             raise RuntimeError("checker pool is closed")
-        job = _Job(
-            pickle.dumps((function, args), protocol=pickle.HIGHEST_PROTOCOL),
-            deadline_s or self.settings.deadline_s,
-            asyncio.get_running_loop().create_future(),
-        )
-        self._queues[hash(key) % len(self._queues)].append(job)
+        loop = asyncio.get_running_loop()
+        results: list[asyncio.Future[worker.Result]] = [loop.create_future() for _ in items]
+        queue = self._queues[hash(key) % len(self._queues)]
+        deadline_s = deadline_s or self.settings.deadline_s
+        for start in range(0, len(items), MAX_JOB_ITEMS):
+            end = start + MAX_JOB_ITEMS
+            queue.append(_Job(function, list(items[start:end]), results[start:end], deadline_s))
         self._job_ready.set()
-        return await job.result
+        return list(await asyncio.gather(*results))
 
     def _take(self, slot: int) -> _Job | None:
-        """The next live sample of ``slot``'s own queue, else of the longest other queue."""
+        """The next wanted job of ``slot``'s own queue, else of the longest other queue."""
         own = self._queues[slot]
         while True:
             queue = own if own else max(self._queues, key=len)
             if not queue:
                 return None
             job = queue.popleft()
-            if not job.result.done():  # skip samples whose caller went away
+            if job.wanted():  # skip jobs whose callers went away
                 return job
 
     async def _next_job(self, slot: int, wait: bool) -> _Job | None:
@@ -251,8 +319,7 @@ class CheckerPool:
             await self._drive_loop(slot, in_pipe)
         finally:
             for job in in_pipe:
-                if not job.result.done():
-                    job.result.set_result((None, "checker pool closed"))
+                job.close("checker pool closed")
 
     async def _drive_loop(self, slot: int, in_pipe: collections.deque[_Job]) -> None:
         head_started = 0.0
@@ -286,7 +353,7 @@ class CheckerPool:
             remaining = head.deadline_s - (time.monotonic() - head_started)
             try:
                 try:
-                    reply = await w.receive(max(remaining, 0.0), abandoned=head.result)
+                    reply = await w.receive(max(remaining, 0.0), abandoned=head.current)
                 except _Abandoned:
                     reply = await w.receive(min(max(remaining, 0.0), ABANDONED_GRACE_S))
                 value, error = reply  # type: ignore[misc]
@@ -302,10 +369,13 @@ class CheckerPool:
             except (EOFError, OSError):
                 self._retire(slot, in_pipe, "verification worker died")
                 continue
-            in_pipe.popleft()
+            result = head.current
+            head.answered += 1
+            if head.answered == len(head.items):
+                in_pipe.popleft()
             head_started = time.monotonic()
-            if not head.result.done():
-                head.result.set_result((value, error))
+            if not result.done():
+                result.set_result((value, error))
 
     @staticmethod
     def _send(w: _Worker, job: _Job, in_pipe: collections.deque[_Job]) -> bool:
@@ -319,8 +389,8 @@ class CheckerPool:
     def _retire(
         self, slot: int, in_pipe: collections.deque[_Job], error: str, value: float | None = None
     ) -> None:
-        """Kills worker ``slot``: its current sample gets ``(value, error)``, the ones behind it are
-        re-queued."""
+        """Kills worker ``slot``: its current sample gets ``(value, error)``, the ones behind it (the rest
+        of its job, then the other jobs in its pipe) are re-queued."""
         w = self._workers[slot]
         self._workers[slot] = None
         if w is not None:
@@ -329,8 +399,11 @@ class CheckerPool:
             reaping.add_done_callback(self._reaping.discard)
         self.replaced += 1
         head = in_pipe.popleft()
-        if not head.result.done():
-            head.result.set_result((value, error))
+        if not head.current.done():
+            head.current.set_result((value, error))
+        rest = head.rest()
+        if rest is not None:
+            in_pipe.appendleft(rest)
         while in_pipe:
             self._queues[slot].appendleft(in_pipe.pop())
         self._job_ready.set()
@@ -354,6 +427,5 @@ class CheckerPool:
         self._workers = []
         for queue in self._queues:
             for job in queue:
-                if not job.result.done():
-                    job.result.set_result((None, "checker pool closed"))
+                job.close("checker pool closed")
             queue.clear()

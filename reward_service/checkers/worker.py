@@ -1,12 +1,13 @@
 """Code that runs inside a checker worker process (its main thread, so SIGALRM timeouts work).
 
-A job is a module-level function and its arguments, ``(function, args)``, pickled by the pool (functions
-pickle by name: the worker imports the function's module); the function returns ``(value, error)``. Every
-job may take unbounded CPU or memory on hostile input and therefore runs where a hard deadline can kill it
-and an address-space limit stops it (see ``serve``): math-verify answers (``check_answer``, SymPy),
-JSON-schema validation against a sample's own schema (``json_schema.check_json_schema``: its ``pattern``s
-are user-supplied regular expressions; Python's ``re`` can backtrack for hours and never releases the GIL)
-and reasoning-gym's ``score_answer`` on caller metadata (``reasoning_gym.score_entry``).
+A job is a module-level function and the arguments of each of its items, ``(function, [args, ...])``,
+pickled by the pool (functions pickle by name: the worker imports the function's module); the function
+returns ``(value, error)``, which the worker sends back item by item. Every item may take unbounded CPU or
+memory on hostile input and therefore runs where a hard deadline can kill it and an address-space limit
+stops it (see ``serve``): math-verify answers (``check_answer``, SymPy), JSON-schema validation against a
+sample's own schema (``json_schema.check_json_schema``: its ``pattern``s are user-supplied regular
+expressions; Python's ``re`` can backtrack for hours and never releases the GIL) and reasoning-gym's
+``score_answer`` on caller metadata (``reasoning_gym.score_entry``).
 
 ``check_answer`` checks one sample with the extraction and comparison of a ``MathVerifyOptions`` (see
 ``options``); with ``options.TRL`` it reproduces TRL's ``trl.rewards.accuracy_reward``:
@@ -52,7 +53,6 @@ except ModuleNotFoundError as missing:
         raise
 
 Result = tuple[float | None, str]
-Job = tuple[Callable[..., Result], tuple[Any, ...]]
 
 # Bytes in a MiB (the memory limit's unit).
 MIB = 1024 * 1024
@@ -190,9 +190,8 @@ def limit_memory(memory_mb: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (wanted, hard))
 
 
-def _run(job: Job, memory_mb: int | None) -> Result:
-    """One job, every failure of it an error result (the worker goes on to the next job)."""
-    function, args = job
+def _run(function: Callable[..., Result], args: tuple[Any, ...], memory_mb: int | None) -> Result:
+    """One item of a job, every failure of it an error result (the worker goes on to the next item)."""
     try:
         return function(*args)
     except MemoryError:
@@ -204,8 +203,8 @@ def _run(job: Job, memory_mb: int | None) -> Result:
 
 
 def serve(conn: Any, niceness: int = 0, memory_mb: int | None = None) -> None:
-    """Worker loop: receives a pickled ``(function, args)`` job, answers ``(value, error)``; ``None`` stops
-    it.
+    """Worker loop: receives a pickled ``(function, [args, ...])`` job, answers ``(value, error)`` for each
+    item as soon as it is computed (so the pool can hold each item to its own deadline); ``None`` stops it.
 
     ``niceness`` lowers the worker's CPU priority, so that on a saturated machine the service's event loop
     (health, admission, other callers) is scheduled before a worker grinding on a hostile sample. Its CPU is
@@ -226,8 +225,10 @@ def serve(conn: Any, niceness: int = 0, memory_mb: int | None = None) -> None:
             return
         if job is None:
             return
-        result = _run(job, memory_mb)
-        try:
-            conn.send(result)
-        except OSError:  # the pool closed or replaced this worker while it computed: nobody to answer
-            return
+        function, items = job
+        for args in items:
+            result = _run(function, args, memory_mb)
+            try:
+                conn.send(result)
+            except OSError:  # the pool closed or replaced this worker while it computed: nobody to answer
+                return

@@ -176,21 +176,31 @@ async def correctness(
 ) -> list[ComponentResult]:
     """math-verify correctness (1.0/0.0) of every sample, in parallel over the pool's workers.
 
+    The samples that share a gold (a group's completions) go to the pool together (``check_many``): one
+    process hop per few answers, and the gold parsed once in the worker that checks them.
+
     ``answers``: the text to check per sample instead of its completion;
     None there means the sample has no answer, which scores 0.0.
     """
     checked = answers if answers is not None else [s.completion for s in samples]
-
-    async def one(sample: Sample, text: str | None) -> ComponentResult:
+    results = [ComponentResult() for _ in samples]
+    by_gold: dict[str, list[tuple[int, str]]] = defaultdict(list)  # gold -> (sample index, text to check)
+    for i, (sample, text) in enumerate(zip(samples, checked, strict=True)):
         gold = gold_answer(sample, answer_key)
         if gold is None:
-            return missing_metadata(answer_key)
-        if text is None:
-            return ComponentResult(value=0.0)
-        value, error = await pool.check(gold, text, options=options)
-        return ComponentResult(value=value, error=error)
+            results[i] = missing_metadata(answer_key)
+        elif text is None:
+            results[i] = ComponentResult(value=0.0)
+        else:
+            by_gold[gold].append((i, text))
 
-    return list(await asyncio.gather(*(one(s, t) for s, t in zip(samples, checked, strict=True))))
+    async def check_group(gold: str, members: list[tuple[int, str]]) -> None:
+        verdicts = await pool.check_many(gold, [text for _, text in members], options=options)
+        for (i, _), (value, error) in zip(members, verdicts, strict=True):
+            results[i] = ComponentResult(value=value, error=error)
+
+    await asyncio.gather(*(check_group(gold, members) for gold, members in by_gold.items()))
+    return results
 
 
 class Accuracy:

@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 from trl.rewards import accuracy_reward, get_cosine_scaled_reward
 
-from reward_service.checkers.pool import CheckerPool
+from reward_service.checkers.pool import MAX_JOB_ITEMS, CheckerPool
 from reward_service.checkers.settings import CheckerSettings
 from reward_service.core.types import Sample
 from reward_service.rewards.accuracy import (
@@ -172,6 +172,24 @@ async def test_hanging_verification_is_killed_replaced_and_reported(pool):
         await asyncio.sleep(0.1)
     assert pool.replaced == replaced + 1
     assert await pool.check("2", r"\boxed{2}") == (1.0, "")
+
+
+async def test_a_hanging_answer_in_a_group_costs_the_others_of_its_job_only_a_retry(pool):
+    # One job carries the group; the answers before the hanging one keep their results, the ones after it
+    # run again on the replacement worker.
+    replaced = pool.replaced
+    completions = [r"\boxed{1}", r"\boxed{2}", r"\boxed{9^{9^{9^{9}}}}", r"\boxed{1}", r"\boxed{3}"]
+    results = await pool.check_many("1", completions, deadline_s=2.0)
+    assert results[:2] == [(1.0, ""), (0.0, "")]
+    assert results[2][0] is None and "per-sample deadline of 2s" in results[2][1]
+    assert results[3:] == [(1.0, ""), (0.0, "")]
+    assert pool.replaced == replaced + 1
+
+
+async def test_a_group_larger_than_a_job_is_checked_in_order(pool):
+    completions = [rf"\boxed{{{n % 3}}}" for n in range(3 * MAX_JOB_ITEMS + 1)]
+    results = await pool.check_many("1", completions)
+    assert results == [(1.0 if n % 3 == 1 else 0.0, "") for n in range(len(completions))]
 
 
 async def test_batch_runs_in_parallel_over_workers(pool):
