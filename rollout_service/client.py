@@ -21,6 +21,8 @@
             replica.push_weights(payload, version=4, format="state_dict")
         rollout.load_weights("/shared/ckpt-5", version=5)       # a directory the server can read
         rollout.sleep(level=1); rollout.wake_up(); rollout.status()
+        ticket = rollout.open_agent_session()                   # an agent calls .../sessions/<id>/v1
+        trajectory = rollout.agent_trajectory(ticket.session_id, close=True)
 
 Prompts: a ``str`` is plain text, a list of ``{"role", "content"}`` dicts is a chat (the server
 applies the chat template with the generation prompt), a list of ints is token ids.
@@ -53,6 +55,7 @@ from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from grpo_runtime.client import ChannelConfig, ServiceClient
 from rollout_service import codec
 from rollout_service.codec import Prompt
+from rollout_service.gateway.types import AgentTrajectory, SessionTicket
 from rollout_service.types import (
     CompletionResult,
     EpisodeSpec,
@@ -359,6 +362,26 @@ class RolloutClient(ServiceClient):
     def status(self, *, timeout_s: float | None = None) -> StatusInfo:
         response = self._call("GetStatus", rollout_pb2.GetStatusRequest(), timeout_s=timeout_s)
         return codec.decode_status_response(response)
+
+    # ------------------------------------------------- agent sessions (gateway)
+    def open_agent_session(self, ttl_s: float = 0.0, *, timeout_s: float | None = None) -> SessionTicket:
+        """A session of the OpenAI-compatible gateway: point an agent's SDK at
+        ``http://HOST:OPENAI_PORT/sessions/<session_id>/v1``. ``ttl_s`` 0: the server's lifetime."""
+        request = codec.encode_open_agent_session_request(ttl_s)
+        return codec.decode_open_agent_session_response(
+            self._call("OpenAgentSession", request, timeout_s=timeout_s)
+        )
+
+    def agent_trajectory(
+        self, session_id: str, *, close: bool = False, timeout_s: float | None = None
+    ) -> AgentTrajectory:
+        """The session's calls as training sequences (one per branch); ``close`` ends the session."""
+        request = codec.encode_get_agent_trajectory_request(session_id, close)
+        return codec.decode_agent_trajectory(self._call("GetAgentTrajectory", request, timeout_s=timeout_s))
+
+    def close_agent_session(self, session_id: str, *, timeout_s: float | None = None) -> bool:
+        request = codec.encode_close_agent_session_request(session_id)
+        return self._call("CloseAgentSession", request, timeout_s=timeout_s).closed
 
 
 def _weight_format(fmt: WeightFormat | str) -> WeightFormat:

@@ -19,6 +19,7 @@ from grpo.rollout.v1 import rollout_pb2
 
 from grpo_runtime.errors import InvalidArgument
 from grpo_runtime.struct_codec import struct_dict
+from rollout_service.gateway.types import AgentSequence, AgentTrajectory, SessionTicket
 from rollout_service.types import (
     CompletionResult,
     EpisodeSpec,
@@ -357,3 +358,72 @@ def decode_status_response(msg: rollout_pb2.GetStatusResponse) -> StatusInfo:
         weight_shm_dir=msg.weight_shm_dir,
         weight_shm_token=msg.weight_shm_token,
     )
+
+
+# ------------------------------------------------------ agent sessions (gateway)
+def encode_open_agent_session_request(ttl_s: float = 0.0) -> rollout_pb2.OpenAgentSessionRequest:
+    return rollout_pb2.OpenAgentSessionRequest(ttl_seconds=ttl_s)
+
+
+def decode_open_agent_session_request(msg: rollout_pb2.OpenAgentSessionRequest) -> float:
+    """The requested lifetime in seconds (0: the server's default)."""
+    if not msg.ttl_seconds >= 0 or msg.ttl_seconds == float("inf"):
+        raise InvalidArgument(f"must be a finite number >= 0, got {msg.ttl_seconds}", field="ttl_seconds")
+    return msg.ttl_seconds
+
+
+def encode_open_agent_session_response(ticket: SessionTicket) -> rollout_pb2.OpenAgentSessionResponse:
+    return rollout_pb2.OpenAgentSessionResponse(
+        session_id=ticket.session_id, expires_unix_ms=ticket.expires_unix_ms
+    )
+
+
+def decode_open_agent_session_response(msg: rollout_pb2.OpenAgentSessionResponse) -> SessionTicket:
+    return SessionTicket(msg.session_id, msg.expires_unix_ms)
+
+
+def encode_get_agent_trajectory_request(
+    session_id: str, close: bool = False
+) -> rollout_pb2.GetAgentTrajectoryRequest:
+    return rollout_pb2.GetAgentTrajectoryRequest(session_id=session_id, close=close)
+
+
+def decode_get_agent_trajectory_request(msg: rollout_pb2.GetAgentTrajectoryRequest) -> tuple[str, bool]:
+    return msg.session_id, msg.close
+
+
+def encode_agent_trajectory(trajectory: AgentTrajectory) -> rollout_pb2.GetAgentTrajectoryResponse:
+    return rollout_pb2.GetAgentTrajectoryResponse(
+        sequences=[
+            rollout_pb2.AgentSequence(
+                token_ids=s.token_ids,
+                loss_mask=s.loss_mask,
+                logprobs=s.logprobs,
+                policy_versions=s.policy_versions,
+            )
+            for s in trajectory.sequences
+        ],
+        calls=trajectory.calls,
+        retokenized_tokens=trajectory.retokenized_tokens,
+        prefix_mismatches=trajectory.prefix_mismatches,
+    )
+
+
+def decode_agent_trajectory(msg: rollout_pb2.GetAgentTrajectoryResponse) -> AgentTrajectory:
+    return AgentTrajectory(
+        sequences=[
+            AgentSequence(list(s.token_ids), list(s.loss_mask), list(s.logprobs), list(s.policy_versions))
+            for s in msg.sequences
+        ],
+        calls=msg.calls,
+        retokenized_tokens=msg.retokenized_tokens,
+        prefix_mismatches=msg.prefix_mismatches,
+    )
+
+
+def encode_close_agent_session_request(session_id: str) -> rollout_pb2.CloseAgentSessionRequest:
+    return rollout_pb2.CloseAgentSessionRequest(session_id=session_id)
+
+
+def decode_close_agent_session_request(msg: rollout_pb2.CloseAgentSessionRequest) -> str:
+    return msg.session_id

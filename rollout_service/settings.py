@@ -37,6 +37,59 @@ class EpisodeSettings(BaseModel):
     max_result_chars: int = Field(8192, ge=1)  # a tool result is cut to this before tokenizing
 
 
+MiB = 1024 * 1024
+
+
+class GatewaySettings(BaseModel):
+    """The OpenAI-compatible HTTP gateway (``docs/agents.md``): its port and its bounds on hostile input."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="HTTP port of /v1/chat/completions, /v1/completions, /v1/models and the same under "
+        "/sessions/<id>/v1 (--openai-port); None = no gateway, 0 = any free port.",
+    )
+    serve_without_session: bool = Field(
+        True,
+        description="Serve /v1/... outside a session (the current policy, as Generate does); false: only "
+        "session paths are served, /v1/... is 404.",
+    )
+    served_model_name: str | None = Field(
+        None,
+        description="The model id /v1/models lists and answers carry; default: the model directory's name.",
+    )
+    max_body_bytes: int = Field(4 * MiB, ge=1024, description="Largest request body in bytes; more is 413.")
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a connection has to send a request's headers; a slower one is closed.",
+    )
+    body_timeout_s: float = Field(
+        60.0, gt=0, description="Seconds a request's body may take to arrive; a slower one is 408."
+    )
+    max_messages: int = Field(512, ge=1, description="Messages per chat request; more is 413.")
+    max_tools: int = Field(128, ge=0, description="Tool definitions per chat request; more is 413.")
+    max_n: int = Field(16, ge=1, description="Largest `n` (choices per request); more is 400.")
+    max_tokens: int = Field(
+        4096,
+        ge=1,
+        description="Largest max_tokens / max_completion_tokens, and the default when a request sets none "
+        "(within what the context leaves); more is 400.",
+    )
+    max_sessions: int = Field(
+        4096, ge=1, description="Sessions open at once; OpenAgentSession past it is RESOURCE_EXHAUSTED."
+    )
+    max_calls_per_session: int = Field(
+        1024, ge=1, description="Model calls one session may make; more is 429 with Retry-After."
+    )
+    session_ttl_s: float = Field(
+        3600.0, gt=0, description="Lifetime of a session (the default and ceiling of OpenAgentSession's ttl)."
+    )
+
+
 class RolloutSettings(BaseModel):
     """Engine and batching settings of the rollout service."""
 
@@ -73,6 +126,7 @@ class RolloutSettings(BaseModel):
     work_dir: str | None = None  # adapters and weight snapshots for vLLM; default: a temp dir
     vllm: VllmSettings = Field(default_factory=VllmSettings)
     episodes: EpisodeSettings = Field(default_factory=EpisodeSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
 
     def resolved_device(self) -> str:
         if self.device != "auto":

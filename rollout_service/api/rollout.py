@@ -11,13 +11,19 @@ from __future__ import annotations
 from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
 from grpo_runtime.auth import caller_is_admin
+from grpo_runtime.errors import FailedPrecondition
 from rollout_service import codec, weight_codec
 from rollout_service.core.rollout import RolloutCore
+from rollout_service.gateway.service import AgentGateway
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
-    def __init__(self, core: RolloutCore) -> None:
+    """``gateway``: the OpenAI-compatible gateway whose sessions the agent-session RPCs manage (None: those
+    RPCs are FAILED_PRECONDITION)."""
+
+    def __init__(self, core: RolloutCore, gateway: AgentGateway | None = None) -> None:
         self._core = core
+        self._gateway = gateway
 
     async def Generate(self, request, context) -> rollout_pb2.GenerateResponse:
         results = await self._core.generate(codec.decode_generate_request(request))
@@ -53,3 +59,20 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     async def GetStatus(self, request, context) -> rollout_pb2.GetStatusResponse:
         return codec.encode_status_response(self._core.status(), admin=caller_is_admin())
+
+    async def OpenAgentSession(self, request, context) -> rollout_pb2.OpenAgentSessionResponse:
+        ticket = self._sessions().open_session(codec.decode_open_agent_session_request(request))
+        return codec.encode_open_agent_session_response(ticket)
+
+    async def GetAgentTrajectory(self, request, context) -> rollout_pb2.GetAgentTrajectoryResponse:
+        session_id, close = codec.decode_get_agent_trajectory_request(request)
+        return codec.encode_agent_trajectory(self._sessions().trajectory(session_id, close=close))
+
+    async def CloseAgentSession(self, request, context) -> rollout_pb2.CloseAgentSessionResponse:
+        closed = self._sessions().close_session(codec.decode_close_agent_session_request(request))
+        return rollout_pb2.CloseAgentSessionResponse(closed=closed)
+
+    def _sessions(self) -> AgentGateway:
+        if self._gateway is None:
+            raise FailedPrecondition("this server runs no OpenAI-compatible gateway")
+        return self._gateway

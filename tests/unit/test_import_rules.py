@@ -39,6 +39,9 @@ rollout_service:
     3  core/                                     the data plane over an engine (core imports engines, never
                                                  the other way round: engines see core's UpdatePause through
                                                  the engines.base.UpdatePause protocol)
+       gateway/                                  the OpenAI-compatible gateway's sessions, prompts and
+                                                 trajectories over the core (gateway/types.py: layer 0;
+                                                 gateway/openai_codec.py, http_app.py: layer 4)
     4  codec.py, weight_codec.py, api/, client.py  protobuf <-> domain, the servicer; RolloutClient
     5  server.py, __main__.py                    assembly, entry point
 
@@ -103,6 +106,10 @@ LAYERS = {
     "rollout_service.weights": 1,
     "rollout_service.engines": 2,
     "rollout_service.core": 3,
+    "rollout_service.gateway": 3,
+    "rollout_service.gateway.types": 0,
+    "rollout_service.gateway.openai_codec": 4,
+    "rollout_service.gateway.http_app": 4,
     "rollout_service.codec": 4,
     "rollout_service.weight_codec": 4,
     "rollout_service.api": 4,

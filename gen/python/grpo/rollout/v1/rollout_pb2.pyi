@@ -361,3 +361,61 @@ class CloseWeightChannelRequest(_message.Message):
 class CloseWeightChannelResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class OpenAgentSessionRequest(_message.Message):
+    __slots__ = ("ttl_seconds",)
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ttl_seconds: float
+    def __init__(self, ttl_seconds: _Optional[float] = ...) -> None: ...
+
+class OpenAgentSessionResponse(_message.Message):
+    __slots__ = ("session_id", "expires_unix_ms")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    expires_unix_ms: int
+    def __init__(self, session_id: _Optional[str] = ..., expires_unix_ms: _Optional[int] = ...) -> None: ...
+
+class GetAgentTrajectoryRequest(_message.Message):
+    __slots__ = ("session_id", "close")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    close: bool
+    def __init__(self, session_id: _Optional[str] = ..., close: _Optional[bool] = ...) -> None: ...
+
+class AgentSequence(_message.Message):
+    __slots__ = ("token_ids", "loss_mask", "logprobs", "policy_versions")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    loss_mask: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    policy_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GetAgentTrajectoryResponse(_message.Message):
+    __slots__ = ("sequences", "calls", "retokenized_tokens", "prefix_mismatches")
+    SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    RETOKENIZED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_MISMATCHES_FIELD_NUMBER: _ClassVar[int]
+    sequences: _containers.RepeatedCompositeFieldContainer[AgentSequence]
+    calls: int
+    retokenized_tokens: int
+    prefix_mismatches: int
+    def __init__(self, sequences: _Optional[_Iterable[_Union[AgentSequence, _Mapping]]] = ..., calls: _Optional[int] = ..., retokenized_tokens: _Optional[int] = ..., prefix_mismatches: _Optional[int] = ...) -> None: ...
+
+class CloseAgentSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseAgentSessionResponse(_message.Message):
+    __slots__ = ("closed",)
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    closed: bool
+    def __init__(self, closed: _Optional[bool] = ...) -> None: ...

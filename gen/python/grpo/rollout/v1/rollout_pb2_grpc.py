@@ -87,6 +87,21 @@ class RolloutServiceStub:
                 request_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
+        self.OpenAgentSession = channel.unary_unary(
+                '/grpo.rollout.v1.RolloutService/OpenAgentSession',
+                request_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenAgentSessionRequest.SerializeToString,
+                response_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenAgentSessionResponse.FromString,
+                _registered_method=True)
+        self.GetAgentTrajectory = channel.unary_unary(
+                '/grpo.rollout.v1.RolloutService/GetAgentTrajectory',
+                request_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.GetAgentTrajectoryRequest.SerializeToString,
+                response_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.GetAgentTrajectoryResponse.FromString,
+                _registered_method=True)
+        self.CloseAgentSession = channel.unary_unary(
+                '/grpo.rollout.v1.RolloutService/CloseAgentSession',
+                request_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.CloseAgentSessionRequest.SerializeToString,
+                response_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.CloseAgentSessionResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -172,6 +187,33 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenAgentSession(self, request, context):
+        """Opens a session of the OpenAI-compatible gateway: requests under
+        `/sessions/<session_id>/v1/...` on the gateway's port are recorded token
+        by token. The id is an unguessable capability; it expires after
+        `ttl_seconds` (the server's `gateway.session_ttl_s` when 0 or larger).
+        RESOURCE_EXHAUSTED when `gateway.max_sessions` are open.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAgentTrajectory(self, request, context):
+        """The session's calls as training sequences: exact prompt and sampled ids,
+        one sequence per branch of the conversation. NOT_FOUND for an unknown or
+        expired session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseAgentSession(self, request, context):
+        """Forgets a session; later requests under its path are 404.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -219,6 +261,21 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.GetStatusRequest.FromString,
                     response_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'OpenAgentSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenAgentSession,
+                    request_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenAgentSessionRequest.FromString,
+                    response_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenAgentSessionResponse.SerializeToString,
+            ),
+            'GetAgentTrajectory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAgentTrajectory,
+                    request_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.GetAgentTrajectoryRequest.FromString,
+                    response_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.GetAgentTrajectoryResponse.SerializeToString,
+            ),
+            'CloseAgentSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseAgentSession,
+                    request_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.CloseAgentSessionRequest.FromString,
+                    response_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.CloseAgentSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -472,6 +529,87 @@ class RolloutService:
             '/grpo.rollout.v1.RolloutService/GetStatus',
             grpo_dot_rollout_dot_v1_dot_rollout__pb2.GetStatusRequest.SerializeToString,
             grpo_dot_rollout_dot_v1_dot_rollout__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenAgentSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grpo.rollout.v1.RolloutService/OpenAgentSession',
+            grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenAgentSessionRequest.SerializeToString,
+            grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenAgentSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAgentTrajectory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grpo.rollout.v1.RolloutService/GetAgentTrajectory',
+            grpo_dot_rollout_dot_v1_dot_rollout__pb2.GetAgentTrajectoryRequest.SerializeToString,
+            grpo_dot_rollout_dot_v1_dot_rollout__pb2.GetAgentTrajectoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseAgentSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grpo.rollout.v1.RolloutService/CloseAgentSession',
+            grpo_dot_rollout_dot_v1_dot_rollout__pb2.CloseAgentSessionRequest.SerializeToString,
+            grpo_dot_rollout_dot_v1_dot_rollout__pb2.CloseAgentSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,215 @@
+"""The gateway's data plane: one method per endpoint, generating through the same RolloutCore (scheduler,
+batches, engine, validation and limits) as ``Generate``.
+
+A call is served outside a session (the current policy, as ``Generate``; off when
+``gateway.serve_without_session`` is false) or inside one, where it is admitted against the session's call
+bound, its prompt reuses the ids of the call it extends (:mod:`conversation`) and, once generated, it is
+recorded (:mod:`sessions`); a failed generation records nothing.
+
+Tool calls in a chat reply are parsed with the episode loop's parser (``core.tool_calls``: Hermes/Qwen
+``<tool_call>{"name", "arguments"}</tool_call>`` blocks) when the request has tools and ``tool_choice`` is
+not "none". ``tool_choice`` "none" is enforced (the text is not parsed); "auto", "required" and a named
+function parse the same way — the model is not constrained to call, nor to call that function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+import time
+import uuid
+from typing import Literal
+
+from grpo_runtime.errors import InvalidArgument, NotFound
+from rollout_service.core.rollout import RolloutCore
+from rollout_service.core.tool_calls import TOOL_CALL, parse_tool_calls
+from rollout_service.core.validation import MAX_CHARS_PER_TOKEN
+from rollout_service.gateway.conversation import ConversationRenderer, PromptPlan, tools_key
+from rollout_service.gateway.sessions import CallRecord, SampledChoice, Session, SessionRegistry
+from rollout_service.gateway.trajectory import trajectory
+from rollout_service.gateway.types import (
+    AgentTrajectory,
+    Answer,
+    ChatRequest,
+    Choice,
+    CompletionRequest,
+    FunctionCall,
+    Message,
+    Sampling,
+    SessionTicket,
+)
+from rollout_service.settings import GatewaySettings
+from rollout_service.types import CompletionResult, GenerateRequest, PromptInput
+
+
+class AgentGateway:
+    """``model_name``: the id ``/v1/models`` lists and every answer carries (requests may name any model:
+    there is one policy)."""
+
+    def __init__(
+        self, core: RolloutCore, settings: GatewaySettings, model_name: str, clock=time.time
+    ) -> None:
+        self._core = core
+        self.settings = settings
+        self.model_name = model_name
+        self._clock = clock
+        self.sessions = SessionRegistry(
+            max_sessions=settings.max_sessions,
+            max_calls_per_session=settings.max_calls_per_session,
+            ttl_s=settings.session_ttl_s,
+            clock=clock,
+        )
+        self._renderer = ConversationRenderer(core.tokenizer)
+        self.started = int(clock())  # the model's "created" in /v1/models
+
+    # ------------------------------------------------------------- sessions
+    def open_session(self, ttl_s: float = 0.0) -> SessionTicket:
+        return self.sessions.open(ttl_s)
+
+    def trajectory(self, session_id: str, *, close: bool = False) -> AgentTrajectory:
+        out = trajectory(self.sessions.get(session_id))
+        if close:
+            self.sessions.close(session_id)
+        return out
+
+    def close_session(self, session_id: str) -> bool:
+        return self.sessions.close(session_id)
+
+    def check_session(self, session_id: str | None) -> None:
+        """NotFound for an unknown or expired session, or for no session when only sessions are served."""
+        self._admit(session_id, count=False)
+
+    @property
+    def max_model_len(self) -> int:
+        return self._core.validator.max_model_len
+
+    # ------------------------------------------------------------ endpoints
+    async def chat(self, request: ChatRequest, session_id: str | None) -> Answer:
+        session = self._admit(session_id)
+        calls = list(session.calls) if session is not None else []
+        plan = await asyncio.to_thread(self._renderer.chat_prompt, calls, request.messages, request.tools)
+        results = await self._generate(plan.prompt_ids, request.n, request.sampling)
+        parse = bool(request.tools) and request.tool_choice != "none"
+        choices = [
+            self._choice(i, r, request.top_logprobs is not None, self._reply(r.text, parse))
+            for i, r in enumerate(results)
+        ]
+        if session is not None:
+            self._record(session, "chat", plan, results, choices, request.messages, tools_key(request.tools))
+        return self._answer("chat", plan.prompt_ids, choices)
+
+    async def complete(self, request: CompletionRequest, session_id: str | None) -> Answer:
+        session = self._admit(session_id)
+        if isinstance(request.prompt, str) and len(request.prompt) > self.max_model_len * MAX_CHARS_PER_TOKEN:
+            raise InvalidArgument(
+                f"{len(request.prompt)} characters cannot fit the model's context of {self.max_model_len} "
+                "tokens",
+                field="prompt",
+            )
+        calls = list(session.calls) if session is not None else []
+        plan = await asyncio.to_thread(self._renderer.completion_prompt, calls, request.prompt)
+        results = await self._generate(plan.prompt_ids, request.n, request.sampling)
+        choices = [self._choice(i, r, request.logprobs is not None) for i, r in enumerate(results)]
+        if session is not None:
+            text = request.prompt if isinstance(request.prompt, str) else ""
+            self._record(session, "completion", plan, results, choices, prompt_text=text)
+        return self._answer("completion", plan.prompt_ids, choices)
+
+    # --------------------------------------------------------------- helpers
+    def _admit(self, session_id: str | None, *, count: bool = True) -> Session | None:
+        """The call's session (None outside one), its call counted (``count``)."""
+        if session_id is None:
+            if not self.settings.serve_without_session:
+                raise NotFound(
+                    "this gateway serves sessions only (gateway.serve_without_session is off): use "
+                    "/sessions/<id>/v1",
+                    field="session_id",
+                )
+            return None
+        session = self.sessions.get(session_id)
+        if count:
+            session.admit_call(self._clock())
+        return session
+
+    async def _generate(self, prompt_ids: list[int], n: int, sampling: Sampling) -> list[CompletionResult]:
+        spec = sampling.spec
+        if sampling.max_tokens is None:  # what the context leaves, within the gateway's bound
+            room = self.max_model_len - len(prompt_ids)
+            spec = dataclasses.replace(spec, max_tokens=max(1, min(self.settings.max_tokens, room)))
+        request = GenerateRequest((PromptInput(token_ids=tuple(prompt_ids)),), n, spec)
+        return await self._core.generate(request)
+
+    def _choice(
+        self, index: int, result: CompletionResult, tokens: bool, message: Message | None = None
+    ) -> Choice:
+        """``tokens``: decode each sampled id alone, for OpenAI's logprobs."""
+        decoded = [self._core.tokenizer.decode([t]) for t in result.token_ids] if tokens else []
+        return Choice(
+            index,
+            result.token_ids,
+            result.logprobs,
+            result.token_versions,
+            result.text,
+            result.finish_reason,
+            message,
+            decoded,
+        )
+
+    @staticmethod
+    def _reply(text: str, parse: bool) -> Message:
+        """The assistant message of a reply: its tool calls (``parse``) as OpenAI calls, and the text around
+        them; a block that is not a call stays in the text."""
+        if not parse:
+            return Message("assistant", text)
+        parsed = parse_tool_calls(text)
+        calls = [
+            FunctionCall(f"call_{uuid.uuid4().hex[:24]}", p.call.name, p.call.arguments_json)
+            for p in parsed
+            if not p.error
+        ]
+        if not calls:
+            return Message("assistant", text)
+        valid = iter([not p.error for p in parsed])
+        content = TOOL_CALL.sub(lambda m: "" if next(valid) else m.group(0), text)
+        return Message("assistant", re.sub(r"\n{3,}", "\n\n", content).strip(), tuple(calls))
+
+    def _record(
+        self,
+        session: Session,
+        kind: Literal["chat", "completion"],
+        plan: PromptPlan,
+        results: list[CompletionResult],
+        choices: list[Choice],
+        messages: tuple[Message, ...] = (),
+        key: str = "",
+        prompt_text: str = "",
+    ) -> None:
+        session.retokenized_tokens += plan.retokenized
+        session.prefix_mismatches += plan.mismatch
+        session.record(
+            CallRecord(
+                index=session.next_index,
+                kind=kind,
+                prompt_ids=plan.prompt_ids,
+                choices=[
+                    SampledChoice(c.token_ids, c.logprobs, c.token_versions, c.text, c.message)
+                    for c in choices
+                ],
+                policy_version=min((r.policy_version for r in results), default=0),
+                parent=plan.parent,
+                reused=plan.reused,
+                messages=messages,
+                tools_key=key,
+                rendered_ids=plan.rendered,
+                prompt_text=prompt_text,
+            )
+        )
+
+    def _answer(
+        self, kind: Literal["chat", "completion"], prompt_ids: list[int], choices: list[Choice]
+    ) -> Answer:
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        return Answer(
+            f"{prefix}-{uuid.uuid4().hex}", kind, int(self._clock()), self.model_name, prompt_ids, choices
+        )

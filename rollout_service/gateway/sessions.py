@@ -1,0 +1,142 @@
+"""Sessions of the gateway: unguessable ids that expire, and the record of every model call made in one.
+
+A session id is ``secrets.token_urlsafe(24)`` (192 random bits): holding it is the capability to call the
+policy under ``/sessions/<id>/v1`` and to have the calls recorded. The registry is bounded (``max_sessions``
+open at once, ``max_calls_per_session`` calls each); both refusals are ResourceExhausted with a retry hint,
+which the gateway answers as 429 with ``Retry-After``. An unknown or expired id is NotFound (404).
+Expired sessions are dropped when the registry is next used.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from grpo_runtime.errors import NotFound, ResourceExhausted
+from rollout_service.gateway.types import Message, SessionTicket
+
+SESSION_ID_BYTES = 24
+
+
+@dataclass(frozen=True)
+class SampledChoice:
+    """One of a call's samples: the ids the engine produced, their logprobs and versions, and what the agent
+    was answered (the reply message of a chat call, the text of a completion)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    token_versions: list[int]
+    text: str
+    reply: Message | None = None
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One model call: ``prompt_ids`` exactly as fed to the engine. ``parent`` (call index, choice) when the
+    prompt extends that call's prompt + sampled ids (its first ``reused`` ids are those), else None (the
+    root of a branch). ``policy_version``: the version serving the call (that of the ids it added).
+    ``messages`` / ``tools_key`` (chat) or ``prompt_text`` (completion) are what the agent sent, to match a
+    later call against; ``rendered_ids`` (chat) the template's ids of ``messages`` (with the generation
+    prompt), which may differ from ``prompt_ids`` where those reuse sampled ids."""
+
+    index: int
+    kind: Literal["chat", "completion"]
+    prompt_ids: list[int]
+    choices: list[SampledChoice]
+    policy_version: int
+    parent: tuple[int, int] | None = None
+    reused: int = 0
+    messages: tuple[Message, ...] = ()
+    tools_key: str = ""
+    rendered_ids: tuple[int, ...] = ()
+    prompt_text: str = ""
+
+
+@dataclass
+class Session:
+    """One session: its calls in the order they finished, and the divergence counters."""
+
+    session_id: str
+    expires_at: float  # wall-clock seconds
+    max_calls: int
+    calls: list[CallRecord] = field(default_factory=list)
+    started: int = 0  # calls admitted (finished, failed or in flight)
+    retokenized_tokens: int = 0
+    prefix_mismatches: int = 0
+
+    def admit_call(self, now: float) -> None:
+        """Count one more call; ResourceExhausted past ``max_calls``."""
+        if self.started >= self.max_calls:
+            raise ResourceExhausted(
+                f"the session made {self.started} calls, the server's limit gateway.max_calls_per_session "
+                f"is {self.max_calls}",
+                field="gateway.max_calls_per_session",
+                retry_after_s=max(1.0, self.expires_at - now),
+            )
+        self.started += 1
+
+    def record(self, call: CallRecord) -> None:
+        self.calls.append(call)
+
+    @property
+    def next_index(self) -> int:
+        return len(self.calls)
+
+
+class SessionRegistry:
+    """Open sessions by id. ``clock``: wall-clock seconds (injectable for tests)."""
+
+    def __init__(
+        self,
+        *,
+        max_sessions: int,
+        max_calls_per_session: int,
+        ttl_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.max_sessions = max_sessions
+        self.max_calls_per_session = max_calls_per_session
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._sessions: dict[str, Session] = {}
+
+    def __len__(self) -> int:
+        self._drop_expired()
+        return len(self._sessions)
+
+    def open(self, ttl_s: float = 0.0) -> SessionTicket:
+        """A new session living ``ttl_s`` seconds (0 or more than the server's ``ttl_s``: that)."""
+        now = self._clock()
+        self._drop_expired()
+        if len(self._sessions) >= self.max_sessions:
+            soonest = min(s.expires_at for s in self._sessions.values())
+            raise ResourceExhausted(
+                f"{len(self._sessions)} sessions are open, the server's limit gateway.max_sessions is "
+                f"{self.max_sessions}; close finished ones",
+                field="gateway.max_sessions",
+                retry_after_s=max(1.0, soonest - now),
+            )
+        lifetime = self.ttl_s if not 0 < ttl_s <= self.ttl_s else ttl_s
+        session = Session(secrets.token_urlsafe(SESSION_ID_BYTES), now + lifetime, self.max_calls_per_session)
+        self._sessions[session.session_id] = session
+        return SessionTicket(session.session_id, math.floor(session.expires_at * 1000))
+
+    def get(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None or session.expires_at <= self._clock():
+            self._sessions.pop(session_id, None)
+            raise NotFound("no such session (unknown, closed or expired)", field="session_id")
+        return session
+
+    def close(self, session_id: str) -> bool:
+        session = self._sessions.pop(session_id, None)
+        return session is not None and session.expires_at > self._clock()
+
+    def _drop_expired(self) -> None:
+        now = self._clock()
+        for session_id in [k for k, s in self._sessions.items() if s.expires_at <= now]:
+            del self._sessions[session_id]
