@@ -1,7 +1,7 @@
 """Service assembly: settings → engine → RolloutCore → servicer binding, and the CLI entry point.
 
-``python -m rollout_service --port P --model DIR [--engine hf|vllm] [--config FILE]``; the model
-directory is checked before anything starts (a missing or non-causal-LM model exits with code 2
+``python -m rollout_service --port P --model DIR [--engine hf|vllm] [--openai-port PORT] [--config FILE]``;
+the model directory is checked before anything starts (a missing or non-causal-LM model exits with code 2
 and a one-line reason).
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
@@ -21,6 +22,8 @@ from rollout_service.api.rollout import RolloutServicer
 from rollout_service.core.rollout import RolloutCore
 from rollout_service.core.weight_channel import WeightChannel
 from rollout_service.engines.registry import build_engine, check_model_dir
+from rollout_service.gateway.http_app import GatewayEndpoint
+from rollout_service.gateway.service import AgentGateway
 from rollout_service.settings import RolloutSettings
 from rollout_service.weight_plane.shared_memory import SharedMemoryDir
 from rollout_service.weights import ParamCatalog
@@ -44,6 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="memory-backed directory shared with the trainer for weight pushes (default off)",
     )
+    group.add_argument(
+        "--openai-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="HTTP port of the OpenAI-compatible gateway (gateway.port; default off)",
+    )
 
 
 def settings_from(args: argparse.Namespace, settings: dict[str, Any]) -> RolloutSettings:
@@ -59,6 +69,9 @@ def settings_from(args: argparse.Namespace, settings: dict[str, Any]) -> Rollout
         )
         if v
     }
+    openai_port = getattr(args, "openai_port", None)
+    if openai_port is not None:
+        overrides["gateway"] = merged.gateway.model_copy(update={"port": openai_port})
     return merged.model_copy(update=overrides)
 
 
@@ -106,17 +119,32 @@ def environment_clients(settings: RolloutSettings) -> dict[str, EnvironmentClien
     }
 
 
-def binding(core: RolloutCore) -> ServiceBinding:
+def build_gateway(core: RolloutCore, settings: RolloutSettings) -> AgentGateway:
+    """The gateway's sessions and endpoints over the core (served on HTTP when ``gateway.port`` is set)."""
+    name = settings.gateway.served_model_name or Path(str(settings.model)).name
+    return AgentGateway(core, settings.gateway, name)
+
+
+def binding(core: RolloutCore, gateway: AgentGateway | None = None) -> ServiceBinding:
+    """The servicer, and the gateway's HTTP endpoint beside it when the gateway has a port."""
+    endpoint = (
+        GatewayEndpoint(gateway, gateway.settings)
+        if gateway is not None and gateway.settings.port is not None
+        else None
+    )
     return ServiceBinding(
-        servicer=RolloutServicer(core),
+        servicer=RolloutServicer(core, gateway),
         add_to_server=rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
         descriptor=rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"],
+        companions=(endpoint,) if endpoint is not None else (),
+        collectors=(endpoint.metrics,) if endpoint is not None else (),
     )
 
 
 async def build(args: argparse.Namespace, settings: dict[str, Any]):
-    core = await build_core(settings_from(args, settings))
-    return [binding(core)], core.close
+    resolved = settings_from(args, settings)
+    core = await build_core(resolved)
+    return [binding(core, build_gateway(core, resolved))], core.close
 
 
 def main(argv: list[str] | None = None) -> int:

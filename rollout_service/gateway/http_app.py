@@ -1,0 +1,199 @@
+"""The gateway's HTTP layer: aiohttp routes, JSON in and out through :mod:`openai_codec`, statuses; every
+call's logic is one :class:`~rollout_service.gateway.service.AgentGateway` method.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, and the same under
+``/sessions/{session_id}/v1/``. Errors are OpenAI's shape ``{"error": {"message", "type", "param",
+"code"}}``, ``param`` naming the request field: a malformed body or field 400; an unknown or expired
+session, or a path outside a session when ``serve_without_session`` is off, 404; a body over
+``gateway.max_body_bytes`` or a count over a limit 413; a body slower than ``gateway.body_timeout_s`` 408;
+sessions, calls of a session or the service's concurrent-call bound 429 with ``Retry-After`` (seconds); the
+engine asleep or its weights invalid 503. Input never gets a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+
+from aiohttp import web
+
+from grpo_runtime.errors import InvalidArgument, NotFound, ResourceExhausted, ServiceError
+from grpo_runtime.http_companion import HttpCompanion
+from grpo_runtime.http_metrics import HttpMetrics
+from rollout_service.gateway import openai_codec
+from rollout_service.gateway.service import AgentGateway
+from rollout_service.gateway.types import Answer
+from rollout_service.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+SESSION_PREFIX = "/sessions/{session_id}"
+_STATUS_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable_error",
+}
+
+# OpenAI's machine-readable ``code`` where one applies (else null).
+_STATUS_CODES = {404: "not_found", 413: "limit_exceeded", 429: "rate_limit_exceeded"}
+
+
+def error_response(
+    status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None
+) -> web.Response:
+    kind = _STATUS_TYPES.get(status, "invalid_request_error")
+    body = openai_codec.error_body(message, kind, param, _STATUS_CODES.get(status))
+    return web.json_response(body, status=status, headers=headers)
+
+
+def _status_of(exc: ServiceError) -> tuple[int, dict[str, str] | None]:
+    if isinstance(exc, ResourceExhausted):
+        if exc.retry_after_s is not None:  # a bound that frees itself
+            return 429, {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+        return 413, None
+    if isinstance(exc, InvalidArgument):
+        return 400, None
+    if isinstance(exc, NotFound):
+        return 404, None
+    return 503, None  # the engine asleep, weights invalid, shutting down: the server's state, not the input
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler) -> web.StreamResponse:
+    """aiohttp's own refusals (no such path, wrong method) and a failure of the server's own (500, logged)
+    in OpenAI's error shape."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return error_response(exc.status, exc.reason, headers=allow)
+    except Exception:
+        log.exception("gateway request %s %s failed", request.method, request.path)
+        return error_response(500, "internal error of the gateway (logged)")
+
+
+class _SlowBody(Exception):
+    pass
+
+
+class GatewayHttpApi:
+    def __init__(self, gateway: AgentGateway, settings: GatewaySettings, metrics: HttpMetrics) -> None:
+        self._gateway = gateway
+        self._settings = settings
+        self.app = web.Application(
+            client_max_size=settings.max_body_bytes, middlewares=[metrics.middleware, openai_errors]
+        )
+        for prefix in ("", SESSION_PREFIX):
+            self.app.router.add_post(f"{prefix}/v1/chat/completions", self.chat_completions)
+            self.app.router.add_post(f"{prefix}/v1/completions", self.completions)
+            self.app.router.add_get(f"{prefix}/v1/models", self.models)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "messages", openai_codec.decode_chat_request, self._gateway.chat)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(
+            request, "prompt", openai_codec.decode_completion_request, self._gateway.complete
+        )
+
+    async def models(self, request: web.Request) -> web.Response:
+        try:
+            self._gateway.check_session(request.match_info.get("session_id"))
+        except ServiceError as exc:
+            return self._error(exc, "")
+        body = openai_codec.encode_models(
+            self._gateway.model_name, self._gateway.started, self._gateway.max_model_len
+        )
+        return web.json_response(body)
+
+    async def _serve(self, request: web.Request, prompt_field: str, decode, serve) -> web.StreamResponse:
+        """Session check, body, decode (worker thread), one gateway call, the answer whole or streamed."""
+        session_id = request.match_info.get("session_id")
+        try:
+            self._gateway.check_session(session_id)
+            body = await self._json(request)
+            call = await asyncio.to_thread(decode, body, self._settings)
+            answer = await serve(call, session_id)
+        except web.HTTPRequestEntityTooLarge:
+            return error_response(
+                413,
+                f"the body is larger than the server's limit gateway.max_body_bytes = "
+                f"{self._settings.max_body_bytes}",
+                "body",
+            )
+        except _SlowBody:
+            return error_response(
+                408,
+                "the body did not arrive within the server's limit gateway.body_timeout_s = "
+                f"{self._settings.body_timeout_s:g} s",
+            )
+        except ServiceError as exc:
+            return self._error(exc, prompt_field)
+        if call.stream:
+            return await self._stream(request, answer, call.include_usage, call.return_token_ids)
+        encoded = await asyncio.to_thread(
+            openai_codec.encode_answer, answer, return_token_ids=call.return_token_ids
+        )
+        return web.json_response(encoded)
+
+    async def _json(self, request: web.Request):
+        try:
+            async with asyncio.timeout(self._settings.body_timeout_s):
+                raw = await request.read()
+        except TimeoutError:
+            raise _SlowBody() from None
+        try:
+            return await asyncio.to_thread(json.loads, raw)
+        except (ValueError, RecursionError) as exc:
+            raise InvalidArgument(f"the body is not valid JSON: {exc}"[:300]) from None
+
+    @staticmethod
+    async def _stream(
+        request: web.Request, answer: Answer, include_usage: bool, return_token_ids: bool
+    ) -> web.StreamResponse:
+        """Server-sent events: ``data: <chunk>`` per chunk, then ``data: [DONE]``."""
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        chunks = openai_codec.chunks_of(
+            answer, include_usage=include_usage, return_token_ids=return_token_ids
+        )
+        for chunk in chunks:
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    @staticmethod
+    def _error(exc: ServiceError, prompt_field: str) -> web.Response:
+        status, headers = _status_of(exc)
+        param = openai_codec.openai_field(exc.field, prompt_field)
+        message = f"{param}: {exc.message}" if param else exc.message
+        return error_response(status, message, param, headers)
+
+
+class GatewayEndpoint(HttpCompanion):
+    """The gateway as a companion of the rollout service's gRPC server (same host and TLS, stopped with it);
+    ``metrics`` is the collector the server exports."""
+
+    def __init__(self, gateway: AgentGateway, settings: GatewaySettings) -> None:
+        if settings.port is None:
+            raise ValueError("GatewayEndpoint needs gateway.port")
+        metrics = HttpMetrics()
+        super().__init__(
+            GatewayHttpApi(gateway, settings, metrics).app,
+            settings.port,
+            header_timeout_s=settings.header_timeout_s,
+            metrics=metrics,
+            what="OpenAI-compatible gateway",
+        )

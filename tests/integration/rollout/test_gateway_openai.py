@@ -1,0 +1,281 @@
+"""The OpenAI-compatible gateway of a real rollout service (HF engine, the shipped tools policy) on loopback,
+called with the official ``openai`` SDK pointed at a session's base URL; sessions opened and read back over
+gRPC with the RolloutClient.
+
+The tools policy calls the calculator on about a quarter of its samples, so the tool-loop test first finds,
+outside any session, a seed whose first reply is a call (a seed fixes a request's samples whatever else is in
+the batch), then replays it in a session.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import grpc
+import openai
+import pytest
+
+from grpo_runtime.call_errors import ServiceCallError
+from grpo_runtime.errors import NotFound
+from rollout_service.client import RolloutClient
+from rollout_service.gateway.service import AgentGateway
+from rollout_service.server import binding, build_core, build_gateway
+from rollout_service.settings import GatewaySettings, RolloutSettings
+from tests.support.episodes import evaluate
+from tests.support.server_thread import server_thread
+
+TOOL_POLICY = Path(__file__).resolve().parents[3] / "models" / "tools"
+CALCULATOR = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluates an arithmetic expression.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+    },
+}
+QUESTION = {"role": "user", "content": "What is 347 + 582?"}
+GATEWAY = GatewaySettings(
+    port=0,
+    max_body_bytes=64 * 1024,
+    max_messages=8,
+    max_n=4,
+    max_tokens=64,
+    max_tools=2,
+    max_sessions=6,
+    max_calls_per_session=3,
+    session_ttl_s=120,
+)
+
+
+class Running:
+    def __init__(self, server, core, endpoint) -> None:
+        self.server, self.core, self.endpoint = server, core, endpoint
+
+    def base_url(self, session_id: str | None = None) -> str:
+        prefix = f"/sessions/{session_id}" if session_id else ""
+        return f"http://127.0.0.1:{self.endpoint.port}{prefix}/v1"
+
+    def sdk(self, session_id: str | None = None) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url(session_id), api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def running():
+    settings = RolloutSettings(model=str(TOOL_POLICY), engine="hf", max_model_len=512, gateway=GATEWAY)
+    built = {}
+
+    async def build():
+        core = await build_core(settings)
+        served = binding(core, build_gateway(core, settings))
+        built.update(core=core, endpoint=served.companions[0])
+        return [served], core.close
+
+    with server_thread(build) as server:
+        yield Running(server, built["core"], built["endpoint"])
+
+
+@pytest.fixture
+def rollout(running):
+    with RolloutClient(running.server.address, timeout_s=60) as client:
+        yield client
+
+
+def ask(sdk: openai.OpenAI, messages, seed: int, **fields):
+    return sdk.chat.completions.create(
+        model="tools",
+        messages=messages,
+        tools=[CALCULATOR],
+        seed=seed,
+        max_tokens=40,
+        logprobs=True,
+        extra_body={"return_token_ids": True},
+        **fields,
+    )
+
+
+def test_a_tool_loop_through_the_sdk_is_one_exact_sequence(running, rollout):
+    outside = running.sdk()
+    seed = next(s for s in range(64) if ask(outside, [QUESTION], s).choices[0].message.tool_calls)
+
+    ticket = rollout.open_agent_session()
+    sdk = running.sdk(ticket.session_id)
+    messages = [QUESTION]
+    first = ask(sdk, messages, seed)
+    message = first.choices[0].message
+    assert (
+        first.choices[0].finish_reason == "tool_calls" and message.tool_calls[0].function.name == "calculator"
+    )
+    messages.append(message)  # the SDK's own message object, as agents hand it back
+    for call in message.tool_calls:
+        try:
+            result = str(evaluate(json.loads(call.function.arguments)["expression"]))
+        except (ValueError, KeyError, TypeError, SyntaxError) as exc:
+            result = f"error: {exc}"
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    second = ask(sdk, messages, seed + 1)
+
+    trajectory = rollout.agent_trajectory(ticket.session_id, close=True)
+    assert trajectory.calls == 2 and trajectory.prefix_mismatches == 0 and trajectory.retokenized_tokens == 0
+    (sequence,) = trajectory.sequences
+    first_ids = first.choices[0].model_extra["token_ids"]
+    second_ids = second.choices[0].model_extra["token_ids"]
+    # The second prompt is the first prompt and the ids the engine sampled, never decoded and encoded again.
+    prompt1, prompt2 = first.model_extra["prompt_token_ids"], second.model_extra["prompt_token_ids"]
+    assert prompt2[: len(prompt1) + len(first_ids)] == prompt1 + first_ids
+    assert sequence.token_ids == prompt2 + second_ids
+    sampled = [t for t, m in zip(sequence.token_ids, sequence.loss_mask, strict=True) if m]
+    assert sampled == first_ids + second_ids
+    assert sequence.loss_mask == [0] * len(prompt1) + [1] * len(first_ids) + [0] * (
+        len(prompt2) - len(prompt1) - len(first_ids)
+    ) + [1] * len(second_ids)
+    reported = [e.logprob for r in (first, second) for e in r.choices[0].logprobs.content]
+    recorded = [lp for lp, m in zip(sequence.logprobs, sequence.loss_mask, strict=True) if m]
+    assert recorded == pytest.approx(reported, abs=1e-6)
+    assert set(sequence.policy_versions) == {0}
+    with pytest.raises(openai.NotFoundError):  # closed with the read
+        ask(sdk, messages, seed)
+
+
+def test_streaming_gives_the_same_answer_as_a_whole_one(running, rollout):
+    ticket = rollout.open_agent_session()
+    sdk = running.sdk(ticket.session_id)
+    whole = ask(sdk, [QUESTION], 5)
+    stream = ask(sdk, [QUESTION], 5, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert {c.object for c in chunks} == {"chat.completion.chunk"}
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    calls = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+    expected = whole.choices[0].message
+    assert content == (expected.content or "")
+    assert [t.function.arguments for t in calls] == [t.function.arguments for t in expected.tool_calls or []]
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == [whole.choices[0].finish_reason]
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    trajectory = rollout.agent_trajectory(ticket.session_id, close=True)
+    assert trajectory.calls == 2 and len(trajectory.sequences) == 2  # the same question twice: two roots
+
+
+def test_a_branching_session_gives_one_sequence_per_branch(running, rollout):
+    ticket = rollout.open_agent_session()
+    sdk = running.sdk(ticket.session_id)
+    first = sdk.chat.completions.create(
+        model="tools", messages=[QUESTION], n=2, seed=1, max_tokens=20, extra_body={"return_token_ids": True}
+    )
+    reply = first.choices[1].message
+    follow = [QUESTION, reply, {"role": "user", "content": "Sure?"}]
+    if reply.tool_calls:
+        follow[2] = {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": "929"}
+    sdk.chat.completions.create(model="tools", messages=follow, seed=2, max_tokens=20)
+    trajectory = rollout.agent_trajectory(ticket.session_id, close=True)
+    assert trajectory.calls == 2 and trajectory.prefix_mismatches == 0
+    lone, continued = trajectory.sequences  # sample 0 alone; sample 1 and the call that continued it
+    prompt = first.model_extra["prompt_token_ids"]
+    ids0, ids1 = (c.model_extra["token_ids"] for c in first.choices)
+    assert lone.token_ids == prompt + ids0 and lone.loss_mask == [0] * len(prompt) + [1] * len(ids0)
+    assert continued.token_ids[: len(prompt) + len(ids1)] == prompt + ids1
+    assert continued.loss_mask[len(prompt) : len(prompt) + len(ids1)] == [1] * len(ids1)
+
+
+def test_completions_and_models(running, rollout):
+    sdk = running.sdk()
+    models = sdk.models.list()
+    assert [m.id for m in models.data] == ["tools"]
+    out = sdk.completions.create(model="tools", prompt="347 + 582 =", max_tokens=5, seed=0, logprobs=0)
+    assert out.object == "text_completion" and out.usage.completion_tokens == len(
+        out.choices[0].logprobs.tokens
+    )
+
+
+# ------------------------------------------------------------------ bad input
+def post(url: str, body: bytes) -> tuple[int, dict, dict]:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, dict(reply.headers), json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), json.loads(error.read())
+
+
+def chat_body(**fields) -> bytes:
+    return json.dumps({"model": "tools", "messages": [QUESTION], "max_tokens": 4, **fields}).encode()
+
+
+def assert_error(reply, status: int, param: str | None, needle: str = "") -> dict:
+    code, headers, body = reply
+    assert code == status, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["param"] == param, error
+    assert needle in error["message"], error
+    return headers
+
+
+def test_unknown_and_expired_sessions_are_404(running, rollout):
+    assert_error(
+        post(running.base_url("not-a-session") + "/chat/completions", chat_body()), 404, "session_id"
+    )
+    ticket = rollout.open_agent_session(ttl_s=0.5)
+    time.sleep(1.0)
+    assert_error(
+        post(running.base_url(ticket.session_id) + "/chat/completions", chat_body()), 404, "session_id"
+    )
+    with pytest.raises(ServiceCallError) as info:
+        rollout.agent_trajectory(ticket.session_id)
+    assert info.value.code == grpc.StatusCode.NOT_FOUND
+    gateway = AgentGateway(running.core, GatewaySettings(serve_without_session=False), "tools")
+    with pytest.raises(NotFound, match="serve_without_session"):
+        gateway.check_session(None)
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "param", "needle"),
+    [
+        ({"messages": [QUESTION] * 9}, 413, "messages", "gateway.max_messages"),
+        ({"n": 5}, 400, "n", "gateway.max_n"),
+        ({"max_tokens": 65}, 400, "max_tokens", "gateway.max_tokens"),
+        ({"tools": [CALCULATOR] * 3}, 413, "tools", "gateway.max_tools"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}]},
+            400,
+            "tools[0].function.parameters",
+            "JSON Schema",
+        ),
+        ({"messages": [{"role": "user", "content": {"x": 1}}]}, 400, "messages[0].content", ""),
+        ({"logprobs": True, "top_logprobs": 3}, 400, "top_logprobs", "sampled token"),
+        ({"temperature": 1000}, 400, "temperature", ""),
+    ],
+)
+def test_bad_requests_name_the_field_or_limit(running, fields, status, param, needle):
+    assert_error(post(running.base_url() + "/chat/completions", chat_body(**fields)), status, param, needle)
+
+
+def test_malformed_and_oversized_bodies(running):
+    url = running.base_url() + "/chat/completions"
+    assert_error(post(url, b'{"messages": ['), 400, None, "not valid JSON")
+    assert_error(post(url, b"[1, 2]"), 400, "body")
+    big = chat_body(messages=[{"role": "user", "content": "x" * 70_000}])
+    assert_error(post(url, big), 413, "body", "gateway.max_body_bytes")
+    assert_error(post(running.base_url() + "/completions", b'{"prompt": 5}'), 400, "prompt")
+
+
+def test_sessions_and_calls_over_their_bounds(running, rollout):
+    ticket = rollout.open_agent_session()
+    url = running.base_url(ticket.session_id) + "/chat/completions"
+    for _ in range(GATEWAY.max_calls_per_session):
+        assert post(url, chat_body())[0] == 200
+    headers = assert_error(post(url, chat_body()), 429, "gateway.max_calls_per_session")
+    assert int(headers["Retry-After"]) >= 1
+    rollout.close_agent_session(ticket.session_id)
+    opened = [rollout.open_agent_session() for _ in range(GATEWAY.max_sessions)]
+    try:
+        with pytest.raises(ServiceCallError) as info:
+            rollout.open_agent_session()
+        assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "gateway.max_sessions" in str(
+            info.value
+        )
+    finally:
+        for t in opened:
+            rollout.close_agent_session(t.session_id)

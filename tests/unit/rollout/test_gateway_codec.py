@@ -1,0 +1,141 @@
+"""The gateway's OpenAI codec: requests read strictly (errors name the field as the caller wrote it, counts
+name the server's limit) and answers in the shape vLLM's server gives."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_runtime.errors import InvalidArgument, ResourceExhausted
+from rollout_service.gateway import openai_codec
+from rollout_service.gateway.types import Answer, Choice, FunctionCall, Message
+from rollout_service.settings import GatewaySettings
+from rollout_service.types import FinishReason
+
+SETTINGS = GatewaySettings(max_messages=3, max_tools=1, max_n=2, max_tokens=50)
+USER = {"role": "user", "content": "hi"}
+CALCULATOR = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+    },
+}
+
+
+def chat(**fields):
+    return openai_codec.decode_chat_request({"messages": [USER], **fields}, SETTINGS)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [USER, {"role": "robot", "content": "x"}]}, "messages[1].role"),
+        ({"messages": [USER, {"role": "user", "content": 7}]}, "messages[1].content"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0].type"),
+        ({"messages": [USER], "n": 3}, "n"),
+        ({"messages": [USER], "n": True}, "n"),
+        ({"messages": [USER], "max_tokens": 51}, "max_tokens"),
+        ({"messages": [USER], "max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"messages": [USER], "temperature": "hot"}, "temperature"),
+        ({"messages": [USER], "stop": [1]}, "stop[0]"),
+        ({"messages": [USER], "logprobs": True, "top_logprobs": 5}, "top_logprobs"),
+        ({"messages": [USER], "presence_penalty": 0.5}, "presence_penalty"),
+        (
+            {"messages": [USER], "tools": [{"type": "function", "function": {"name": "bad name"}}]},
+            "tools[0].function.name",
+        ),
+        (
+            {
+                "messages": [USER],
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}],
+            },
+            "tools[0].function.parameters",
+        ),
+        (
+            {
+                "messages": [USER],
+                "tools": [CALCULATOR],
+                "tool_choice": {"type": "function", "function": {"name": "x"}},
+            },
+            "tool_choice.function.name",
+        ),
+        ([USER], "body"),
+    ],
+)
+def test_bad_chat_fields_are_named(body, field):
+    with pytest.raises(InvalidArgument) as info:
+        openai_codec.decode_chat_request(body, SETTINGS)
+    assert info.value.field == field
+
+
+def test_counts_over_a_limit_name_it():
+    with pytest.raises(ResourceExhausted, match=r"gateway\.max_messages"):
+        openai_codec.decode_chat_request({"messages": [USER] * 4}, SETTINGS)
+    with pytest.raises(ResourceExhausted, match=r"gateway\.max_tools"):
+        chat(tools=[CALCULATOR, CALCULATOR])
+
+
+def test_a_chat_request_maps_to_the_engines_sampling():
+    request = chat(
+        n=2,
+        temperature=0.5,
+        top_p=0.9,
+        max_completion_tokens=7,
+        stop="END",
+        seed=-1,
+        logprobs=True,
+        tools=[CALCULATOR],
+        tool_choice="none",
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    spec = request.sampling.spec
+    assert (spec.temperature, spec.top_p, spec.max_tokens, spec.stop) == (0.5, 0.9, 7, ("END",))
+    assert spec.seed == 2**63 - 1 and request.top_logprobs == 0 and request.tool_choice == "none"
+    assert request.stream and request.include_usage and request.n == 2
+    assert chat().sampling.max_tokens is None  # the context's room, decided once the prompt is known
+
+
+def test_completion_prompts():
+    decode = openai_codec.decode_completion_request
+    assert decode({"prompt": "abc"}, SETTINGS).prompt == "abc"
+    assert decode({"prompt": [[1, 2]]}, SETTINGS).prompt == (1, 2)
+    assert decode({"prompt": "abc"}, SETTINGS).sampling.max_tokens == 16
+    for bad in ({"prompt": ["a", "b"]}, {"prompt": ""}, {"prompt": [True]}, {"prompt": "a", "echo": True}):
+        with pytest.raises(InvalidArgument):
+            decode(bad, SETTINGS)
+
+
+def test_answers_and_chunks_have_vllms_shape():
+    message = Message("assistant", "", (FunctionCall("call_1", "calculator", '{"expression": "1+2"}'),))
+    choice = Choice(0, [5, 6], [-0.5, -0.25], [1, 1], "x", FinishReason.STOP, message, ["a", "é"])
+    answer = Answer("chatcmpl-1", "chat", 7, "tools", [1, 2, 3], [choice])
+    out = openai_codec.encode_answer(answer, return_token_ids=True)
+    assert out["object"] == "chat.completion" and out["prompt_token_ids"] == [1, 2, 3]
+    (c,) = out["choices"]
+    assert c["finish_reason"] == "tool_calls" and c["message"]["content"] is None
+    assert c["message"]["tool_calls"][0]["function"] == {
+        "name": "calculator",
+        "arguments": '{"expression": "1+2"}',
+    }
+    assert c["logprobs"]["content"][1] == {
+        "token": "é",
+        "logprob": -0.25,
+        "bytes": [195, 169],
+        "top_logprobs": [],
+    }
+    assert out["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    chunks = list(openai_codec.chunks_of(answer, include_usage=True))
+    assert {ch["object"] for ch in chunks} == {"chat.completion.chunk"}
+    assert (
+        chunks[-2]["choices"][0]["finish_reason"] == "tool_calls" and chunks[-1]["usage"]["total_tokens"] == 5
+    )
+
+
+def test_core_fields_are_renamed_to_the_callers():
+    assert openai_codec.openai_field("sampling.top_p", "messages") == "top_p"
+    assert openai_codec.openai_field("sampling.max_tokens", "messages") == "max_tokens"
+    assert openai_codec.openai_field("prompts[0]", "messages") == "messages"
+    assert openai_codec.openai_field("prompts", "prompt") == "prompt"
+    assert openai_codec.openai_field("gateway.max_sessions", "prompt") == "gateway.max_sessions"
