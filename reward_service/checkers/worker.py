@@ -43,7 +43,7 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 # The modules of the other jobs are imported here, before the worker says "ready", so that no sample's
 # deadline pays for importing them (reasoning-gym: about a second) and the memory limit is measured with them
 # loaded. The slim image has no reasoning-gym and scores without its tasks.
-from reward_service.checkers import json_schema  # noqa: F401
+from reward_service.checkers import json_schema, number_literals  # noqa: F401
 from reward_service.checkers.options import TRL, MathVerifyOptions
 
 try:
@@ -213,6 +213,7 @@ def serve(conn: Any, niceness: int = 0, memory_mb: int | None = None) -> None:
     """
     if niceness:
         os.nice(niceness)
+    number_literals.install()
     # The first parse/verify pays for lazy imports and grammar set-up (about a second); pay it before
     # "ready", not inside some sample's deadline. (Each job brings its own timeouts; these are TRL's.)
     check_answer("1", r"\boxed{1}", parse_timeout=10, verify_timeout=5)
