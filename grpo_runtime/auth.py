@@ -32,7 +32,8 @@ def admin_methods(services: Iterable[ServiceDescriptor]) -> frozenset[str]:
         f"/{service.full_name}/{method.name}"
         for service in services
         for method in service.methods
-        if method.GetOptions().Extensions[common_pb2.admin]
+        # protoc's .pyi declares extensions as plain FieldDescriptor, not the typed extension descriptor.
+        if method.GetOptions().Extensions[common_pb2.admin]  # type: ignore[index]
     )
 
 

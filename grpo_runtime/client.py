@@ -21,7 +21,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Self, TypeVar
+from typing import Any, ClassVar, Literal, Self, TypeVar, overload
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -350,9 +350,18 @@ class ServiceClient:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_channel": None, "_stub": None}
 
+    # An RPC named by a string is untyped (the generated stubs have no .pyi): its reply is Any.
+    @overload
+    def _call(self, method: str, request: Any, *, timeout_s: float | None = None, what: str = "") -> Any: ...
+
+    @overload
+    def _call(
+        self, method: Callable[..., T], request: Any, *, timeout_s: float | None = None, what: str = ""
+    ) -> T: ...
+
     def _call(
         self, method: str | Callable[..., T], request: Any, *, timeout_s: float | None = None, what: str = ""
-    ) -> T:
+    ) -> T | Any:
         """Call ``method`` (the name of an RPC of :attr:`stub`, or a callable made from :attr:`channel`) with
         ``request``, retried within the budget; a failure raises its ServiceCallError. ``request`` may be a
         function returning the request (a fresh request iterator for each attempt of a client stream)."""

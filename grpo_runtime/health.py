@@ -15,7 +15,8 @@ import asyncio
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-ServingStatus = health_pb2.HealthCheckResponse.ServingStatus
+# A grpc.health.v1 ServingStatus enum value; protobuf enum values are plain ints.
+ServingStatus = int
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
@@ -79,5 +80,9 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
                 last_sent = status
             if shutting_down:
                 return
-            async with self._changed:
-                await self._changed.wait_for(lambda seen=seen: self._version != seen)
+            await self._wait_for_change_after(seen)
+
+    async def _wait_for_change_after(self, seen: int) -> None:
+        """Return once the status version has moved past ``seen``."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._version != seen)

@@ -186,7 +186,8 @@ class GrpcServer:
         )
         target = f"{_bind_host(config.host)}:{config.port}"
         try:
-            if config.tls_enabled:
+            # The config's validator sets both files or neither (tls_enabled); narrowed here for the types.
+            if config.tls_cert_file is not None and config.tls_key_file is not None:
                 credentials = server_credentials(
                     config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
                 )
