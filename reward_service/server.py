@@ -29,11 +29,13 @@ try:
     # there the service scores with the built-in rewards and serves no RewardAdminService.
     from reward_service.api.admin import RewardAdminServicer
     from reward_service.models.metrics import ModelMetrics
-    from reward_service.models.registry import ModelRegistry
+    from reward_service.models.registry import ModelRegistry as _ModelRegistry
 except ModuleNotFoundError as missing:
     if missing.name not in ("torch", "transformers"):
         raise
-    ModelRegistry = None
+    ModelRegistry: type[_ModelRegistry] | None = None
+else:
+    ModelRegistry = _ModelRegistry
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,7 @@ class RewardService:
 
     scorer: Scorer
     pool: CheckerPool
-    registry: ModelRegistry | None
+    registry: _ModelRegistry | None
     settings: RewardSettings
     text_threads: ThreadPoolExecutor
     environments: EnvironmentHost | None = None

@@ -158,7 +158,7 @@ class Calculator:
 class CalculatorSession:
     """A calculator holds no state; each episode still gets its own session (the registry's unit)."""
 
-    tools = (TOOL,)
+    tools: tuple[ToolDefinition, ...] = (TOOL,)
     prompt_suffix = ""
 
     def __init__(self, calculator: Calculator):

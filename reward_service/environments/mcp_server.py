@@ -94,7 +94,8 @@ class McpSession:
         assert self._worker is not None
         reply: asyncio.Future[CallToolResult] = asyncio.get_running_loop().create_future()
         self._jobs.put_nowait((name, arguments, reply))
-        await asyncio.wait([reply, self._worker], return_when=asyncio.FIRST_COMPLETED)
+        watched: list[asyncio.Future[Any]] = [reply, self._worker]
+        await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
         if not reply.done():
             reply.cancel()
             raise SessionBroken("the MCP server has stopped")

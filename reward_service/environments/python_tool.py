@@ -43,7 +43,7 @@ TOOL = ToolDefinition(
 class PythonSession:
     """The cells of one episode and its sandbox session (its turn in the shared run slots and CPU budget)."""
 
-    tools = (TOOL,)
+    tools: tuple[ToolDefinition, ...] = (TOOL,)
     prompt_suffix = ""
 
     def __init__(self, runner: SandboxRunner, settings: PythonSettings):

@@ -168,7 +168,9 @@ def _strip(completion: str, suffixes: Sequence[str]) -> str:
     """``completion`` without trailing whitespace and any run of ``suffixes`` at its end. One regex pass
     over the reversed text, linear in its length: cutting one suffix at a time would copy the text once
     per suffix, quadratic in a long run of them."""
-    removed = _tail(tuple(suffixes)).match(completion[::-1]).end()
+    tail = _tail(tuple(suffixes)).match(completion[::-1])
+    assert tail is not None  # a starred pattern matches at least the empty string
+    removed = tail.end()
     return completion[: len(completion) - removed]
 
 
@@ -283,13 +285,13 @@ def rewards_of(query: Mapping[str, str], settings: HttpSettings) -> list[RewardR
                 raise InvalidArgument(f"must be finite, got {part[:40]!r}", field=f"weights[{i}]")
             weights[i] = weight
     requests = []
-    for name, weight in zip(names, weights, strict=True):
+    for name, query_weight in zip(names, weights, strict=True):
         entry = configured.get(name)
         default_weight = entry.weight if entry is not None else 1.0
         requests.append(
             RewardRequest(
                 name=name,
-                weight=default_weight if weight is None else weight,
+                weight=default_weight if query_weight is None else query_weight,
                 params=dict(entry.params) if entry is not None else {},
             )
         )

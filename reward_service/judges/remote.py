@@ -206,8 +206,9 @@ class RemoteJudge:
             if attempt >= settings.retries:
                 raise JudgeError(f"gave up after {attempt + 1} attempts, last: {reason}")
             delay = min(settings.max_backoff_s, settings.backoff_s * 2**attempt)
-            with contextlib.suppress(TypeError, ValueError):
-                delay = min(settings.max_backoff_s, max(delay, float(retry_after)))
+            if retry_after is not None:
+                with contextlib.suppress(ValueError):
+                    delay = min(settings.max_backoff_s, max(delay, float(retry_after)))
             log.info("%s: %s, retrying in %.2fs", self.name, reason, delay)
             await asyncio.sleep(delay)
             attempt += 1

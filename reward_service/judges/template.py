@@ -15,6 +15,7 @@ from __future__ import annotations
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from grpo_runtime.errors import InvalidArgument
 from reward_service.core.types import Sample
@@ -47,9 +48,11 @@ DEFAULT_GROUP_SCORES_TEMPLATE = (
 
 # Put in the middle of a completion cut to fit a judge's context, so the judge sees the cut.
 TRUNCATION_MARKER = "\n[... {cut} of {total} {unit} of this response cut to fit the judge's context ...]\n"
+# What cut_middle cuts: a string's characters or a list of token ids (its pieces come back as the same type).
+PiecesT = TypeVar("PiecesT", str, list[int])
 
 
-def cut_middle(pieces: Sequence, keep: int, unit: str) -> tuple[Sequence, Sequence, str] | None:
+def cut_middle(pieces: PiecesT, keep: int, unit: str) -> tuple[PiecesT, PiecesT, str] | None:
     """(head, tail, marker) keeping ``keep`` of ``pieces`` (a string's characters or token ids), half at
     each end, for the caller to join as head + marker + tail; None when nothing needs cutting."""
     if len(pieces) <= keep:

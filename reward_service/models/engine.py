@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, LinearAttentionCacheLayerMixin
 
 from grpo_runtime.errors import InvalidArgument
 from reward_service.core.types import ComponentResult, Message, ParamInfo, RewardDescription, Sample
@@ -216,18 +216,20 @@ class RewardModelEngine(abc.ABC):
             rows_of.setdefault(id(e.prefix), []).append(row)
         owners = {id(e.prefix): e.prefix for e in batch}
         groups = [(owners[key], torch.tensor(members, device=device)) for key, members in rows_of.items()]
-        kv = next(prefix.kv for prefix, _ in groups if prefix is not None)  # (L, 2, heads, P_r, dim)
+        kv = next(prefix.computed_kv for prefix, _ in groups if prefix is not None)  # (L, 2, heads, P_r, dim)
         # One buffer for every layer's keys and values: per distinct prefix one broadcast write of
         # its KV and zeros in the slots up to P (masked, but uninitialised memory could hold a NaN,
         # which survives a zero attention weight); the forward writes slots [P, P + S) itself.
         cache = kv.new_empty((kv.shape[0], 2, rows, kv.shape[2], past + width, kv.shape[4]))
         for prefix, index in groups:
             start = prefix.num_tokens if prefix is not None else 0
-            if start:
-                cache[:, :, index, :, :start] = prefix.kv.unsqueeze(2)
+            if prefix is not None and start:
+                cache[:, :, index, :, :start] = prefix.computed_kv.unsqueeze(2)
             if start < past:
                 cache[:, :, index, :, start:past] = 0
-        layers = [_PrefilledLayer(cache[layer, 0], cache[layer, 1], past) for layer in range(kv.shape[0])]
+        layers: list[CacheLayerMixin | LinearAttentionCacheLayerMixin] = [
+            _PrefilledLayer(cache[layer, 0], cache[layer, 1], past) for layer in range(kv.shape[0])
+        ]
         return {
             "input_ids": input_ids.to(device),
             "attention_mask": attention_mask.to(device),

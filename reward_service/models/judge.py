@@ -28,11 +28,13 @@ that sample's component error naming the field.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from grpo_runtime.errors import InvalidArgument
+from grpo_runtime.tokenizing import decode_text
 from reward_service.core.types import ComponentResult, ParamInfo, RewardDescription, Sample
 from reward_service.judges.template import (
     TRUNCATION_MARKER,
@@ -107,7 +109,7 @@ class JudgeModel(TokenPairEngine):
         if cut is None:
             return text
         head, tail, marker = cut
-        return tokenizer.decode(head) + marker + tokenizer.decode(tail)
+        return decode_text(tokenizer, head) + marker + decode_text(tokenizer, tail)
 
     def _fit(self, render: Callable[[list[str]], str], texts: list[str]) -> tuple[list[str], list[int]]:
         """``texts``, cut (each to an equal share of tokens) as far as needed for ``render(texts)`` to fit
@@ -156,6 +158,10 @@ class JudgeModel(TokenPairEngine):
                 encoded[index] = item
         return encoded
 
+    def _fill_pointwise(self, fields: dict[str, str], completions: list[str]) -> str:
+        """The pointwise template filled with ``fields`` and ``completions[0]`` as the completion."""
+        return self.pointwise.fill({**fields, "completion": completions[0]})
+
     def _encode_pointwise(self, samples: Sequence[Sample]) -> list[Encoded | str]:
         """``_encode`` of every sample, the filled templates tokenized in one batch; a sample over the
         context is then cut on its own (``_fit``)."""
@@ -173,7 +179,7 @@ class JudgeModel(TokenPairEngine):
                 if len(ids) > self.loaded.max_positions:
                     try:
                         _, ids = self._fit(
-                            lambda cut, i=index: self.pointwise.fill({**values[i], "completion": cut[0]}),
+                            functools.partial(self._fill_pointwise, values[index]),
                             [samples[index].completion],
                         )
                     except SampleError as exc:
@@ -222,9 +228,7 @@ class JudgeModel(TokenPairEngine):
     def describe(self, reward_name: str) -> RewardDescription:
         loaded = self.loaded
         tokenizer = loaded.tokenizer
-        yes, no = (
-            tokenizer.convert_ids_to_tokens(i) for i in (loaded.positive_token_id, loaded.negative_token_id)
-        )
+        yes, no = (tokenizer.convert_ids_to_tokens(i) for i in loaded.token_pair())
         return RewardDescription(
             name=reward_name,
             description=f"Generative judge from {loaded.spec.path}: value = p({yes}) / (p({yes}) + p({no})) "

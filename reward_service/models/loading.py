@@ -67,6 +67,12 @@ class LoadedModel:
     positive_token_id: int | None = None  # step tag: '+'; judge: 'Yes'
     negative_token_id: int | None = None  # step tag: '-'; judge: 'No'
 
+    def token_pair(self) -> tuple[int, int]:
+        """(positive, negative) verdict token ids: set for a step-tag PRM and a judge."""
+        if self.positive_token_id is None or self.negative_token_id is None:
+            raise ValueError(f"{self.spec.path} is read through no verdict token pair")
+        return self.positive_token_id, self.negative_token_id
+
 
 def resolve_device(requested: str | None, settings: ModelSettings) -> str:
     """``cpu``, ``cuda`` or ``cuda:N``; CUDA must be present and N in range."""

@@ -24,6 +24,7 @@ aggregate lies in [0, 1].
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -34,7 +35,7 @@ from reward_service.models.engine import Encoded, SampleError, chat_messages
 from reward_service.models.spec import QWEN_PRM_SYSTEM_PROMPT, PrmFormat
 from reward_service.models.verdict import TokenPairEngine
 
-AGGREGATES = {
+AGGREGATES: dict[str, Callable[[list[float]], float]] = {
     "min": min,
     "prod": math.prod,
     "last": lambda scores: scores[-1],

@@ -11,6 +11,7 @@ is closed when the last one is returned.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -172,7 +173,8 @@ class ModelRegistry:
     def list(self) -> list[ModelInfo]:
         return [slot.info for _, slot in sorted(self._slots.items())]
 
-    def describe(self) -> list[RewardDescription]:
+    # `list` below names the method above; the builtin is spelled builtins.list in this class from here.
+    def describe(self) -> builtins.list[RewardDescription]:
         return [slot.engine.describe(slot.info.reward_name) for _, slot in sorted(self._slots.items())]
 
     def has(self, reward_name: str) -> bool:
@@ -199,7 +201,7 @@ class ModelRegistry:
 
     async def score(
         self, reward_name: str, samples: Sequence[Sample], params: dict[str, Any]
-    ) -> list[ComponentResult]:
+    ) -> builtins.list[ComponentResult]:
         """One result per sample with the model current when the call starts.
 
         A sample the model cannot take (no steps, too long) gets an ``error``; the rest are scored.
@@ -246,7 +248,7 @@ class ModelRegistry:
 
     def _encode_all(
         self, engine: RewardModelEngine, samples: Sequence[Sample], params: dict[str, Any]
-    ) -> list[Encoded | str]:
+    ) -> builtins.list[Encoded | str]:
         """Each sample's sequence (or why it has none), with shared prefixes marked where allowed."""
         encoded = engine.encode_samples(samples, params)
         if engine.share_prefixes:

@@ -24,6 +24,13 @@ class Prefix:
     def num_tokens(self) -> int:
         return len(self.input_ids)
 
+    @property
+    def computed_kv(self) -> torch.Tensor:
+        """``kv`` of a prefix already run through the model."""
+        if self.kv is None:
+            raise RuntimeError("the prefix's keys and values are read before they were computed")
+        return self.kv
+
 
 @dataclass(frozen=True)
 class Encoded:

@@ -23,8 +23,7 @@ class TokenPairEngine(RewardModelEngine):
     """An engine whose output per sequence is ``score_t`` at each of its ``positions`` (floats)."""
 
     def _pair(self) -> list[int]:
-        loaded = self.loaded
-        return [loaded.positive_token_id, loaded.negative_token_id]
+        return list(self.loaded.token_pair())
 
     def _pair_supported(self) -> bool:
         """Whether this model is read through the token pair (a PRM may have another head)."""

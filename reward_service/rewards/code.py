@@ -137,16 +137,17 @@ class CodeReward:
         """Runs each group's tests in order (``stop``: up to the first timeout) in one session (one per
         request: its runs take turns with other requests' and share its CPU budget), at most
         ``concurrency`` groups at a time: no task per pending test."""
-        assert self._runner is not None
-        session = self._runner.session()
+        runner = self._runner
+        assert runner is not None
+        session = runner.session()
         results: list[list[RunResult] | None] = [None] * len(groups)
         pending = iter(enumerate(groups))
 
         async def worker() -> None:
             for g, (_, program, stdins) in pending:
-                results[g] = await self._runner.run_tests(program, stdins, session, stop_at_timeout=stop)
+                results[g] = await runner.run_tests(program, stdins, session, stop_at_timeout=stop)
 
-        workers = min(self._runner.settings.concurrency, len(groups))
+        workers = min(runner.settings.concurrency, len(groups))
         await asyncio.gather(*(worker() for _ in range(workers)))
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]

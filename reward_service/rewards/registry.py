@@ -22,7 +22,9 @@ try:
 except ModuleNotFoundError as missing:
     if not (missing.name or "").startswith("reasoning_gym"):
         raise
-    reasoning_gym_rewards = None
+    HAS_REASONING_GYM = False
+else:
+    HAS_REASONING_GYM = True
 
 
 def builtin_rewards(
@@ -52,6 +54,6 @@ def builtin_rewards(
         ReasoningAccuracy(pool),
         text["code_format"],
     ]
-    if reasoning_gym_rewards is not None:
+    if HAS_REASONING_GYM:
         rewards += reasoning_gym_rewards(pool)
     return {r.description.name: r for r in rewards}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -33,6 +34,7 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from reward_service.sandbox.backends import (
     KernelOptions,
@@ -46,6 +48,9 @@ from reward_service.sandbox.fair import FairSlots, Lane
 from reward_service.sandbox.limits import RunLimits, describe
 from reward_service.sandbox.reports import HEADER_BYTES, TestReport, read_reports
 from reward_service.sandbox.settings import SandboxSettings
+
+if TYPE_CHECKING:
+    import resource
 
 log = logging.getLogger(__name__)
 
@@ -161,18 +166,22 @@ class _Started:
                 os.killpg(proc.pid, signal.SIGKILL)
             raise
         self.exited: asyncio.Future[None] = self._loop.create_future()
-        self._loop.add_reader(self._pidfd, lambda: self.exited.done() or self.exited.set_result(None))
+        self._loop.add_reader(self._pidfd, self._mark_exited)
+
+    def _mark_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
 
     async def connect(self) -> None:
         """Feeds the streams from the pipes (await it inside the ``try`` whose ``finally`` calls ``end``)."""
         assert self.proc.stdout and self.proc.stderr
         for pipe, stream in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr)):
             transport, _ = await self._loop.connect_read_pipe(
-                lambda stream=stream: asyncio.StreamReaderProtocol(stream), pipe
+                functools.partial(asyncio.StreamReaderProtocol, stream), pipe
             )
             self._transports.append(transport)
 
-    async def end(self, reading: list[asyncio.Future]) -> tuple[int, float | None]:
+    async def end(self, reading: Sequence[asyncio.Future[Any]]) -> tuple[int, float | None]:
         """Kills whatever is left, reaps the sandbox, lets ``reading`` finish; (wait status, CPU seconds of
         the run, None when lost with a kill)."""
         pid = self.proc.pid
@@ -181,7 +190,8 @@ class _Started:
         finally:
             self._loop.remove_reader(self._pidfd)
             os.close(self._pidfd)
-            done, status, usage = os.wait4(pid, 0 if self.exited.done() else os.WNOHANG)
+            done, status, rusage = os.wait4(pid, 0 if self.exited.done() else os.WNOHANG)
+            usage: resource.struct_rusage | None = rusage
             if done == 0:  # not reaped in time (it cannot run on: it is SIGKILLed); Popen reaps it later
                 status, usage = signal.SIGKILL, None
             self.proc.returncode = os.waitstatus_to_exitcode(status)
@@ -424,8 +434,9 @@ class SandboxRunner:
         failure, limit = "", ""
         try:
             await started.connect()
+            watched: list[asyncio.Future[Any]] = [started.exited, *overflow]
             done, _ = await asyncio.wait(
-                [started.exited, *overflow], timeout=s.wall_timeout_s, return_when=asyncio.FIRST_COMPLETED
+                watched, timeout=s.wall_timeout_s, return_when=asyncio.FIRST_COMPLETED
             )
             if not done:
                 failure, limit = f"timed out after {s.wall_timeout_s:g}s", "wall"
