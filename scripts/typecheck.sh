@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CLEAN_PACKAGES=(grpo_runtime)
+CLEAN_PACKAGES=(grpo_runtime tiny_models)
 
 args=()
 for package in "${CLEAN_PACKAGES[@]}"; do

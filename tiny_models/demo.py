@@ -29,8 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast, Qwen2ForCausalLM
+from transformers import (
+    AutoTokenizer,
+    GenerationMixin,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2ForCausalLM,
+)
 
+from grpo_runtime.tokenizing import chat_token_ids
 from tiny_models.make import _save, qwen2_config, served_tokenizer
 from tiny_models.tokenizer import build_tokenizer
 
@@ -116,15 +123,13 @@ def is_correct(completion: str, answer: str) -> bool:
     return completion.strip() == answer.strip()
 
 
-def encode_example(tokenizer: PreTrainedTokenizerFast, row: dict) -> tuple[list[int], list[int]]:
+def encode_example(tokenizer: PreTrainedTokenizerBase, row: dict) -> tuple[list[int], list[int]]:
     """Token ids of ``template(prompt, generation prompt) + answer + <|im_end|>`` and labels.
 
     Labels are -100 on the prompt so the loss covers only what the policy will generate: the answer
     digits and the end-of-turn token that stops generation.
     """
-    prompt_ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)
-    if isinstance(prompt_ids, dict) or hasattr(prompt_ids, "input_ids"):
-        prompt_ids = prompt_ids["input_ids"]
+    prompt_ids = chat_token_ids(tokenizer, row["prompt"], add_generation_prompt=True)
     answer_ids = tokenizer(row["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     return list(prompt_ids) + answer_ids, [-100] * len(prompt_ids) + answer_ids
 
@@ -145,13 +150,14 @@ def _collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> di
 @torch.no_grad()
 def generate_answers(
     model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerFast,
+    tokenizer: PreTrainedTokenizerBase,
     rows: Sequence[dict],
     *,
     temperature: float | None = None,
     batch_size: int = 256,
 ) -> list[str]:
     """Completions for each row's prompt: greedy when ``temperature`` is None, else sampled."""
+    assert isinstance(model, GenerationMixin)  # a causal LM
     tokenizer.padding_side = "left"
     texts = [
         tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in rows
@@ -165,7 +171,8 @@ def generate_answers(
     completions: list[str] = []
     for start in range(0, len(texts), batch_size):
         batch = tokenizer(texts[start : start + batch_size], return_tensors="pt", padding=True)
-        output = model.generate(
+        # transformers types generate's self as a Protocol that mypy finds PreTrainedModel not to meet.
+        output = model.generate(  # type: ignore[misc]
             **batch,
             max_new_tokens=MAX_NEW_TOKENS,
             eos_token_id=tokenizer.eos_token_id,
@@ -179,7 +186,7 @@ def generate_answers(
 
 def accuracy(
     model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerFast,
+    tokenizer: PreTrainedTokenizerBase,
     rows: Sequence[dict],
     *,
     temperature: float | None = None,
@@ -194,7 +201,7 @@ def accuracy(
 
 def pretrain(
     model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerFast,
+    tokenizer: PreTrainedTokenizerBase,
     train_rows: Sequence[dict],
     val_rows: Sequence[dict],
     *,

@@ -23,14 +23,14 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset
-from peft import LoraConfig
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from peft import LoraConfig, PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from trl import GRPOConfig, GRPOTrainer
 
 from tiny_models.demo import accuracy, is_correct, read_jsonl
 
 
-def accuracy_reward(completions: list, answer: list[str], **_: object) -> list[float]:
+def accuracy_reward(completions: list, answer: list[str], **_: object) -> list[float | None]:
     """1.0 when a completion is exactly the gold integer answer, else 0.0 (one value per completion).
 
     ``completions`` are message lists (``[{"role": "assistant", "content": ...}]``) for chat prompts.
@@ -111,7 +111,10 @@ def run_check(args: argparse.Namespace) -> dict:
     step_times = [entry["step_time"] for entry in steps if "step_time" in entry]
     first, last = fifth_means(rewards)
 
-    policy = trainer.model.merge_and_unload() if peft_config is not None else trainer.model
+    policy = trainer.model
+    if isinstance(policy, PeftModel):  # trained with LoRA: fold the adapter in
+        policy = policy.merge_and_unload()
+    assert isinstance(policy, PreTrainedModel)
     torch.manual_seed(args.seed)
     after = {
         "greedy_test_accuracy": accuracy(policy, tokenizer, test_rows),

@@ -28,8 +28,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
+from grpo_runtime.tokenizing import token_id
 from reward_service.core.types import Message, Sample
 from reward_service.judges.template import judge_templates, numbered, prompt_text
 from tiny_models.tokenizer import build_tokenizer
@@ -93,19 +94,19 @@ def _problem(rng: random.Random) -> tuple[Sample, list[str], list[bool]]:
     return sample, responses, boxed
 
 
-def _encode(tokenizer: PreTrainedTokenizerFast, questions: list[str]) -> list[list[int]]:
+def _encode(tokenizer: PreTrainedTokenizerBase, questions: list[str]) -> list[list[int]]:
     chats = tokenizer.apply_chat_template(
         [[{"role": "user", "content": q}] for q in questions], tokenize=False, add_generation_prompt=True
     )
     return tokenizer(chats, add_special_tokens=False)["input_ids"]
 
 
-def _verdict_ids(tokenizer: PreTrainedTokenizerFast) -> list[int]:
-    return [tokenizer.convert_tokens_to_ids(v) for v in VERDICTS]
+def _verdict_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    return [token_id(tokenizer, v) for v in VERDICTS]
 
 
 def example_batches(
-    tokenizer: PreTrainedTokenizerFast, batch_size: int, seed: int
+    tokenizer: PreTrainedTokenizerBase, batch_size: int, seed: int
 ) -> Iterator[list[Example]]:
     """Endless batches of ``batch_size`` random training questions, pointwise (one response) or group (2-4
     responses), drawn from one seeded stream and encoded as they are needed."""
@@ -129,7 +130,7 @@ def example_batches(
         yield [(ids, yes if box else no) for ids, box in zip(encoded, verdicts, strict=True)]
 
 
-def pointwise_questions(tokenizer: PreTrainedTokenizerFast) -> list[Example]:
+def pointwise_questions(tokenizer: PreTrainedTokenizerBase) -> list[Example]:
     """Every distinct pointwise question of the task, the set the criterion is checked on."""
     pointwise, _ = judge_templates(POINTWISE_TEMPLATE, GROUP_TEMPLATE)
     questions: dict[str, bool] = {}
@@ -197,7 +198,7 @@ def _train_step(
 
 def train_judge(
     model: Qwen2ForCausalLM,
-    tokenizer: PreTrainedTokenizerFast,
+    tokenizer: PreTrainedTokenizerBase,
     seed: int = 0,
     max_steps: int = 1500,
     batch_size: int = 32,

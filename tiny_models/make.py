@@ -25,12 +25,13 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 from transformers import (
     AutoTokenizer,
     PreTrainedModel,
-    PreTrainedTokenizerFast,
+    PreTrainedTokenizerBase,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen2ForSequenceClassification,
@@ -43,17 +44,26 @@ from tiny_models.tokenizer import build_tokenizer
 STAMP = "tiny_model.json"
 SOURCES = Path(__file__).parent
 
-SHAPES = {
+
+class Shape(TypedDict):
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+
+
+SHAPES: dict[str, Shape] = {
     "small": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2},
     "large": {"hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 8},
 }
 
 
-def qwen2_config(tokenizer: PreTrainedTokenizerFast, shape: str = "small", **extra) -> Qwen2Config:
+def qwen2_config(tokenizer: PreTrainedTokenizerBase, shape: str = "small", **extra) -> Qwen2Config:
     """Qwen2 config with head_dim 64 and the tokenizer's vocabulary and special ids."""
     dims = SHAPES[shape]
     heads = dims["hidden_size"] // 64
-    return Qwen2Config(
+    # transformers types a config's __init__ with its dataclass fields only; the rest (head_dim, torch_dtype)
+    # it takes as extra keys at run time.
+    return Qwen2Config(  # type: ignore[call-arg]
         vocab_size=len(tokenizer),
         num_attention_heads=heads,
         num_key_value_heads=heads,
@@ -69,7 +79,7 @@ def qwen2_config(tokenizer: PreTrainedTokenizerFast, shape: str = "small", **ext
     )
 
 
-def _save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, out: Path) -> Path:
+def _save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -84,8 +94,8 @@ def _save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, out: Path)
 
 
 def served_tokenizer(
-    tokenizer: PreTrainedTokenizerFast, config: Qwen2Config, out: Path
-) -> PreTrainedTokenizerFast:
+    tokenizer: PreTrainedTokenizerBase, config: Qwen2Config, out: Path
+) -> PreTrainedTokenizerBase:
     """``tokenizer`` as every consumer (TRL, vLLM, the services) loads it from the model directory ``out``,
     where it is saved beside ``config``: next to a Qwen2 config.json, AutoTokenizer resolves it to
     Qwen2Tokenizer, whose pre-tokenizer splits every digit on its own, unlike the in-memory tokenizer.
@@ -109,6 +119,7 @@ def make_model(kind: str, out: Path, seed: int = 0) -> Path:
     model misses its criterion (nothing is written then)."""
     tokenizer = build_tokenizer()
     figures: dict = {}
+    model: PreTrainedModel
     torch.manual_seed(seed)
     if kind == "policy":
         model = Qwen2ForCausalLM(qwen2_config(tokenizer))

@@ -33,6 +33,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Qwen2ForCausalLM
 
 from grpo_runtime.env_types import ToolDefinition, ToolResult
+from grpo_runtime.tokenizing import chat_token_ids, decode_text, token_id
 from rollout_service.core.tool_calls import ToolSuffixer, parse_tool_calls
 from tiny_models.demo import _collate, write_jsonl
 from tiny_models.make import _save, qwen2_config, served_tokenizer
@@ -94,8 +95,7 @@ def _ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, row: dict) -> list[int]:
-    ids = tokenizer.apply_chat_template(row["prompt"], tools=TOOLS, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "input_ids") else ids)
+    return chat_token_ids(tokenizer, row["prompt"], add_generation_prompt=True, tools=TOOLS)
 
 
 def encode(tokenizer: PreTrainedTokenizerBase, row: dict, use_tool: bool) -> tuple[list[int], list[int]]:
@@ -146,7 +146,7 @@ def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: S
     model.eval()
     prompts = [prompt_ids(tokenizer, row) for row in rows]
     first = _turn(model, tokenizer, prompts, 48)
-    texts = [tokenizer.decode(t, skip_special_tokens=False) for t in first]
+    texts = [decode_text(tokenizer, t) for t in first]
     finals = list(texts)
     called = [i for i, t in enumerate(texts) if parse_tool_calls(t)]
     if called:
@@ -154,27 +154,30 @@ def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: S
         for i in called:
             call = parse_tool_calls(texts[i])[0].call
             try:
-                a, op, b = re.fullmatch(
+                sum_or_difference = re.fullmatch(
                     r"\s*(\d+)\s*([+-])\s*(\d+)\s*", json.loads(call.arguments_json)["expression"]
-                ).groups()
+                )
+                if sum_or_difference is None:
+                    raise ValueError("not a sum or difference of two integers")
+                a, op, b = sum_or_difference.groups()
                 result = str(int(a) + int(b) if op == "+" else int(a) - int(b))
             except (AttributeError, KeyError, TypeError, ValueError):
                 result = "error"
             suffix = ToolSuffixer(tokenizer).suffix_ids([ToolResult("", "calculator", result)])
             grown.append(prompts[i] + first[i] + suffix)
         for i, second in zip(called, _turn(model, tokenizer, grown, 12), strict=True):
-            finals[i] = tokenizer.decode(second, skip_special_tokens=False)
+            finals[i] = decode_text(tokenizer, second)
     right = 0
     for text, row in zip(finals, rows, strict=True):
         found = ANSWER.findall(text)
         right += bool(found) and found[-1] == row["answer"]
-    call_id = tokenizer.convert_tokens_to_ids("<tool_call>")
+    call_id = token_id(tokenizer, "<tool_call>")
     logits = model(*_left_padded(prompts, tokenizer.pad_token_id)).logits[:, -1]
     # A call forced as the first token: does the model copy the question's expression into it?
     forced = _turn(model, tokenizer, [[*p, call_id] for p in prompts], 16)
     copied = 0
     for turn, row in zip(forced, rows, strict=True):
-        calls = parse_tool_calls("<tool_call>" + tokenizer.decode(turn, skip_special_tokens=False))
+        calls = parse_tool_calls("<tool_call>" + decode_text(tokenizer, turn))
         expected = json.dumps({"expression": expression_of(row)})
         copied += bool(calls) and calls[0].call.arguments_json == expected
     model.train()
