@@ -12,7 +12,7 @@ that only generates loads no torch.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo.common.v1 import common_pb2
 from grpo.rollout.v1 import rollout_pb2
@@ -37,6 +37,11 @@ from rollout_service.types import (
     WeightTransport,
 )
 
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
+# protoc's .pyi types an enum field as its enum class or label only, but protobuf also takes the number,
+# which is what the domain IntEnums carry; hence "type: ignore ... protoc .pyi: no int" where one is set.
 SAMPLING_FIELDS = frozenset(rollout_pb2.SamplingParams.DESCRIPTOR.fields_by_name)
 # A prompt as the client takes it: plain text, a chat ({"role", "content"} dicts) or token ids.
 Prompt = str | Sequence[Mapping[str, str]] | Sequence[int]
@@ -104,14 +109,18 @@ def encode_prompt(prompt: Prompt, prompt_id: str, episode: EpisodeSpec | None = 
     if isinstance(prompt, str):
         message.text = prompt
         return message
-    items = list(prompt)
-    if items and all(isinstance(x, int) for x in items):
-        message.token_ids.extend(items)
+    if _is_token_ids(prompt):
+        message.token_ids.extend(prompt)
         return message
     message.messages.extend(
-        common_pb2.ChatMessage(role=m["role"], content=m.get("content") or "") for m in items
+        common_pb2.ChatMessage(role=m["role"], content=m.get("content") or "") for m in prompt
     )
     return message
+
+
+def _is_token_ids(prompt: Sequence[Mapping[str, str]] | Sequence[int]) -> TypeIs[Sequence[int]]:
+    """A non-empty sequence of ints is token ids; any other sequence is a chat."""
+    return bool(prompt) and all(isinstance(x, int) for x in prompt)
 
 
 def decode_prompt(msg: rollout_pb2.Prompt, index: int) -> PromptInput:
@@ -164,7 +173,7 @@ def encode_completion(result: CompletionResult) -> rollout_pb2.Completion:
         token_ids=result.token_ids,
         text=result.text,
         logprobs=result.logprobs,
-        finish_reason=int(result.finish_reason),
+        finish_reason=int(result.finish_reason),  # type: ignore[arg-type]  # protoc .pyi: no int
         policy_version=result.policy_version,
         tool_mask=result.tool_mask,
         turns=[
@@ -239,7 +248,9 @@ def decode_reported_transport(value: int) -> WeightTransport:
 # ------------------------------------------------- OpenWeightChannelResponse
 # (Its request carries a torch.distributed group: rollout_service.weight_codec.)
 def encode_open_weight_channel_response(transport: WeightTransport) -> rollout_pb2.OpenWeightChannelResponse:
-    return rollout_pb2.OpenWeightChannelResponse(transport=int(transport))
+    return rollout_pb2.OpenWeightChannelResponse(
+        transport=int(transport)  # type: ignore[arg-type]  # protoc .pyi: no int
+    )
 
 
 def decode_open_weight_channel_response(msg: rollout_pb2.OpenWeightChannelResponse) -> WeightTransport:
@@ -248,7 +259,11 @@ def decode_open_weight_channel_response(msg: rollout_pb2.OpenWeightChannelRespon
 
 # ------------------------------------------------------------- LoadWeights
 def encode_load_weights_request(path: str, version: int, fmt: WeightFormat) -> rollout_pb2.LoadWeightsRequest:
-    return rollout_pb2.LoadWeightsRequest(path=path, version=version, format=int(fmt))
+    return rollout_pb2.LoadWeightsRequest(
+        path=path,
+        version=version,
+        format=int(fmt),  # type: ignore[arg-type]  # protoc .pyi: no int
+    )
 
 
 def decode_load_weights_request(msg: rollout_pb2.LoadWeightsRequest) -> tuple[str, int, WeightFormat]:
@@ -333,9 +348,9 @@ def encode_status_response(status: StatusInfo, *, admin: bool) -> rollout_pb2.Ge
         weights_valid=status.weights_valid,
         memory=encode_memory(status.memory),
         max_model_len=status.max_model_len,
-        weight_format=int(status.weight_format),
-        weight_transport=int(status.weight_transport),
-        weight_transports=[int(t) for t in status.weight_transports],
+        weight_format=int(status.weight_format),  # type: ignore[arg-type]  # protoc .pyi: no int
+        weight_transport=int(status.weight_transport),  # type: ignore[arg-type]  # protoc .pyi: no int
+        weight_transports=[int(t) for t in status.weight_transports],  # type: ignore[misc]  # protoc .pyi: no int
         weight_shm_dir=status.weight_shm_dir if admin else "",
         weight_shm_token=status.weight_shm_token if admin else "",
     )

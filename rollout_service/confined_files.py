@@ -87,7 +87,7 @@ def read_confined(root: Path, path: Path, max_bytes: int, field: str) -> memoryv
             )
         # np.empty, not bytearray: zero-filling hundreds of MB holds the GIL (and so the event
         # loop); the pages are first touched by the read, which releases it.
-        view = memoryview(np.empty(info.st_size, dtype=np.uint8))
+        view = np.empty(info.st_size, dtype=np.uint8).data
         done = 0
         while done < len(view):
             got = os.readv(fd, [view[done:]])

@@ -79,13 +79,15 @@ async def build_core(settings: RolloutSettings) -> RolloutCore:
     """Load the engine on the core's compute thread (it takes seconds; the thread's OpenMP pool is the one
     generation uses) and wrap it in a started RolloutCore."""
     check_model_dir(settings.model)
+    model_dir = settings.model
+    assert model_dir is not None  # check_model_dir refuses a missing one
     compute = ComputeThread("rollout-engine")
     try:
         engine = await compute.run(build_engine, settings.model, settings)
     except BaseException:
         await asyncio.to_thread(compute.close)
         raise
-    catalog = await asyncio.to_thread(ParamCatalog.from_model_dir, settings.model)
+    catalog = await asyncio.to_thread(ParamCatalog.from_model_dir, model_dir)
     core = RolloutCore(
         engine,
         engine.tokenizer,

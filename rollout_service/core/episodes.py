@@ -34,6 +34,7 @@ from transformers import PreTrainedTokenizerBase
 
 from grpo_runtime.env_types import Episode, EpisodeReward, StepOutcome, ToolCall, ToolResult
 from grpo_runtime.errors import InvalidArgument
+from grpo_runtime.tokenizing import decode_text
 from rollout_service.core.tool_calls import ParsedCall, ToolSuffixer, malformed_result, parse_tool_calls
 from rollout_service.core.validation import RequestValidator
 from rollout_service.engines.base import derive_seed
@@ -266,7 +267,7 @@ class EpisodeRunner:
             state.append(raw.token_ids, raw.logprobs, versions)
             parsed: list[ParsedCall] = []
             if raw.finish_reason == FinishReason.STOP:
-                parsed = parse_tool_calls(self._tokenizer.decode(raw.token_ids, skip_special_tokens=False))
+                parsed = parse_tool_calls(decode_text(self._tokenizer, raw.token_ids))
             # The turn's version is its oldest token's (that of the batch that started it).
             state.turns.append(TurnSpan(start, len(state.tokens), job.policy_version, len(parsed)))
             if raw.finish_reason == FinishReason.ABORT or not parsed:
@@ -377,7 +378,7 @@ class EpisodeRunner:
             prompt_id=prompt.id,
             prompt_token_ids=state.prompt_ids,
             token_ids=state.tokens,
-            text=self._tokenizer.decode(state.tokens, skip_special_tokens=True),
+            text=decode_text(self._tokenizer, state.tokens, skip_special_tokens=True),
             logprobs=state.logprobs,
             finish_reason=state.finish,
             policy_version=min(versions),

@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 
 from grpo_runtime.compute_thread import ComputeThread
 from grpo_runtime.errors import FailedPrecondition, ResourceExhausted
+from grpo_runtime.tokenizing import decode_text
 from rollout_service import memory
 from rollout_service.core.episodes import EnvironmentBackend, EpisodeRunner
 from rollout_service.core.scheduler import BatchScheduler
@@ -171,7 +172,8 @@ class RolloutCore:
             prompt_index = k // job.n
             text = raw.text
             if text is None:
-                text = self.tokenizer.decode(raw.token_ids, skip_special_tokens=True)
+                text = decode_text(self.tokenizer, raw.token_ids, skip_special_tokens=True)
+            assert raw.token_versions is not None  # filled in by _run_batch
             out.append(
                 CompletionResult(
                     prompt_id=request.prompts[prompt_index].id,

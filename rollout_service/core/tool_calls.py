@@ -22,6 +22,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from grpo_runtime.env_types import ToolCall, ToolResult
+from grpo_runtime.tokenizing import chat_token_ids
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.+?)\s*</tool_call>", re.DOTALL)
 # A body cut off before its closing tag (turn stopped on EOS or the token budget) is not a call.
@@ -101,7 +102,4 @@ class ToolSuffixer:
         return full[len(prefix) :]
 
     def _render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
-        )
-        return list(ids["input_ids"]) if isinstance(ids, dict) else list(ids)
+        return chat_token_ids(self.tokenizer, messages, add_generation_prompt=add_generation_prompt)

@@ -23,6 +23,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from grpo_runtime.tokenizing import chat_token_ids
 from rollout_service.types import (
     GenerateRequest,
     GenerationJob,
@@ -208,14 +209,11 @@ class RequestValidator:
                     raise InvalidArgument("role must not be empty", field=f"{field}.messages[{j}].role")
             messages = [{"role": role, "content": content} for role, content in prompt.messages]
             try:
-                ids = self.tokenizer.apply_chat_template(
-                    messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
-                )
+                ids = chat_token_ids(self.tokenizer, messages, add_generation_prompt=True, tools=tools)
             except jinja2.TemplateError as exc:  # the template's raise_exception: roles out of order, ...
                 raise InvalidArgument(
                     f"the chat template refused them: {exc}", field=f"{field}.messages"
                 ) from exc
-            ids = list(ids["input_ids"]) if isinstance(ids, dict) else list(ids)
         elif prompt.text:
             ids = list(self.tokenizer(prompt.text)["input_ids"])
         else:

@@ -39,8 +39,9 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from grpo_runtime.tokenizing import decode_text
 from rollout_service.engines.base import Engine, UpdatePause, derive_seed
 from rollout_service.engines.hf_cache import decode_cache, seeded_layers
 from rollout_service.engines.sampling import RowParams, sample_rows, sampling_logits, tempered_logprobs
@@ -96,8 +97,8 @@ class HFEngine(Engine):
         self._dtype = DTYPES[dtype]
         self.max_batch_size = max_batch_size
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self._model = self._load()
-        config = self._model.config
+        self._model: PreTrainedModel | None = self._load()
+        config = self.model.config
         self.max_model_len = int(max_model_len or config.max_position_embeddings)
         self._eos_ids = self._eos_token_ids()
         self._pad_id = (
@@ -114,19 +115,19 @@ class HFEngine(Engine):
         self.reused_tokens = 0
 
     # ----------------------------------------------------------------- loading
-    def _load(self) -> torch.nn.Module:
+    def _load(self) -> PreTrainedModel:
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self._dtype)
-        return model.to(self.device).eval()
+        return model.to(self.device).eval()  # type: ignore[arg-type]  # @wraps(Module.to) hides self
 
     def _eos_token_ids(self) -> list[int]:
-        ids = self._model.generation_config.eos_token_id
+        ids = self.model.generation_config.eos_token_id
         ids = [ids] if isinstance(ids, int) else list(ids or [])
         if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ids:
             ids.append(self.tokenizer.eos_token_id)
         return ids
 
     @property
-    def model(self) -> torch.nn.Module:
+    def model(self) -> PreTrainedModel:
         if self._model is None:
             raise RuntimeError("the HF engine's weights were released by a level-2 sleep")
         return self._model
@@ -327,7 +328,7 @@ class HFEngine(Engine):
         if token in self._eos_ids:
             row.finish = FinishReason.STOP
         if sampling.stop:
-            text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+            text = decode_text(self.tokenizer, row.tokens, skip_special_tokens=True)
             cuts = [text.find(s) for s in sampling.stop if s in text]
             if cuts:
                 row.text = text[: min(cuts)]
@@ -336,7 +337,7 @@ class HFEngine(Engine):
         if row.finish is None and len(row.tokens) >= sampling.max_tokens:
             row.finish = FinishReason.LENGTH
         if row.finish is not None:
-            row.text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+            row.text = decode_text(self.tokenizer, row.tokens, skip_special_tokens=True)
 
     # ---------------------------------------------------------------- weights
     @torch.no_grad()
@@ -373,7 +374,7 @@ class HFEngine(Engine):
         self._sessions.clear()
         if level == 1:
             if self.device != "cpu":
-                self.model.to("cpu")
+                self.model.to("cpu")  # type: ignore[arg-type]  # @wraps(Module.to) hides self
                 self._base = {k: v.to("cpu") for k, v in self._base.items()}
         else:
             if self._state_pushed:
@@ -394,7 +395,7 @@ class HFEngine(Engine):
                 self._model.load_state_dict(load_file(self._snapshot), strict=False)
                 self._snapshot.unlink()
         elif self.device != "cpu":
-            self._model.to(self.device)
+            self._model.to(self.device)  # type: ignore[arg-type]  # @wraps(Module.to) hides self
             self._base = {k: v.to(self.device) for k, v in self._base.items()}
 
     def _base_state(self) -> dict[str, torch.Tensor]:

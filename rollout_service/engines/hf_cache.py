@@ -50,8 +50,7 @@ class PreallocatedLayer(DynamicLayer):
         self._key_buffer[:, :, self.length : end] = key_states
         self._value_buffer[:, :, self.length : end] = value_states
         self.length = end
-        self._refresh_views()
-        return self.keys, self.values
+        return self._refresh_views()
 
     def _grow(self, needed: int) -> None:
         positions = max(needed, 2 * self._key_buffer.shape[-2])
@@ -61,9 +60,12 @@ class PreallocatedLayer(DynamicLayer):
             new[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, new)
 
-    def _refresh_views(self) -> None:
-        self.keys = self._key_buffer[:, :, : self.length]
-        self.values = self._value_buffer[:, :, : self.length]
+    def _refresh_views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Point ``keys``/``values`` at the first ``length`` positions of the buffers; returns them."""
+        keys = self._key_buffer[:, :, : self.length]
+        values = self._value_buffer[:, :, : self.length]
+        self.keys, self.values = keys, values
+        return keys, values
 
     def get_seq_length(self) -> int:
         return self.length

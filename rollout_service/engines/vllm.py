@@ -49,6 +49,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -56,9 +57,11 @@ from transformers import AutoTokenizer
 from vllm import LLM, SamplingParams
 from vllm.lora.request import LoRARequest
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind
 
 from grpo_runtime.errors import InvalidArgument
+from grpo_runtime.tokenizing import decode_text
 from rollout_service.engines.base import Engine, UpdatePause, derive_seed
 from rollout_service.memory import release_freed_memory
 from rollout_service.settings import RolloutSettings
@@ -125,7 +128,7 @@ class VllmEngine(Engine):
     # ---------------------------------------------------------------- startup
     def _start(self) -> LLM:
         s = self.settings
-        kwargs = {
+        kwargs: dict[str, Any] = {
             "model": self.model_dir,
             "dtype": s.resolved_dtype(),
             "enforce_eager": True,
@@ -190,6 +193,7 @@ class VllmEngine(Engine):
                 if not unfinished or not engine.has_unfinished_requests():
                     break
                 for output in engine.step():
+                    assert isinstance(output, RequestOutput)  # a generating model: no pooling output
                     if not output.finished or output.request_id not in owner:
                         continue
                     unfinished.discard(output.request_id)
@@ -209,7 +213,9 @@ class VllmEngine(Engine):
         def submit(seq: _Sequence) -> None:
             request_id = f"r{next(self._ids)}"
             seq.kept = len(seq.tokens)
-            seq.kept_text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True) if seq.tokens else ""
+            seq.kept_text = (
+                decode_text(self.tokenizer, seq.tokens, skip_special_tokens=True) if seq.tokens else ""
+            )
             params = self._continuation_params(seq)
             engine.add_request(
                 request_id, {"prompt_token_ids": seq.prompt + seq.tokens}, params, lora_request=self._lora
@@ -234,6 +240,7 @@ class VllmEngine(Engine):
                 if not running or not engine.has_unfinished_requests():
                     break
                 for output in engine.step():
+                    assert isinstance(output, RequestOutput)  # a generating model: no pooling output
                     seq = running.get(output.request_id)
                     if seq is None:
                         continue
