@@ -32,6 +32,7 @@ import jinja2
 from transformers import PreTrainedTokenizerBase
 
 from grpo_runtime.errors import InvalidArgument
+from grpo_runtime.tokenizing import chat_token_ids
 from rollout_service.gateway.sessions import CallRecord
 from rollout_service.gateway.types import Message
 
@@ -70,16 +71,15 @@ class ConversationRenderer:
         if self.tokenizer.chat_template is None:
             raise InvalidArgument("this model has no chat template; use /v1/completions", field="messages")
         try:
-            ids = self.tokenizer.apply_chat_template(
+            ids = chat_token_ids(
+                self.tokenizer,
                 [m.template_dict() for m in messages],
-                tools=list(tools) or None,
                 add_generation_prompt=add_generation_prompt,
-                tokenize=True,
-                return_dict=False,
+                tools=list(tools) or None,
             )
         except (jinja2.TemplateError, TypeError, KeyError, ValueError) as exc:
             raise InvalidArgument(f"the chat template refused them: {exc}", field="messages") from exc
-        return list(ids["input_ids"]) if isinstance(ids, dict) else list(ids)
+        return ids
 
     # ------------------------------------------------------------------ chat
     def chat_prompt(

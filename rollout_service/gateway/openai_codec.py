@@ -294,7 +294,7 @@ def _tool_choice(value: Any, tools: tuple[dict[str, Any], ...]) -> str:
         return value
     if isinstance(value, dict) and value.get("type") == "function":
         name = _object(value.get("function"), "tool_choice.function").get("name")
-        if name not in {t["function"]["name"] for t in tools}:
+        if not isinstance(name, str) or name not in {t["function"]["name"] for t in tools}:
             raise InvalidArgument(
                 f"names no tool of the request: {name!r:.40}", field="tool_choice.function.name"
             )

@@ -22,6 +22,7 @@ import uuid
 from typing import Literal
 
 from grpo_runtime.errors import InvalidArgument, NotFound
+from grpo_runtime.tokenizing import decode_text
 from rollout_service.core.rollout import RolloutCore
 from rollout_service.core.tool_calls import TOOL_CALL, parse_tool_calls
 from rollout_service.core.validation import MAX_CHARS_PER_TOKEN
@@ -144,7 +145,7 @@ class AgentGateway:
         self, index: int, result: CompletionResult, tokens: bool, message: Message | None = None
     ) -> Choice:
         """``tokens``: decode each sampled id alone, for OpenAI's logprobs."""
-        decoded = [self._core.tokenizer.decode([t]) for t in result.token_ids] if tokens else []
+        decoded = [decode_text(self._core.tokenizer, [t]) for t in result.token_ids] if tokens else []
         return Choice(
             index,
             result.token_ids,

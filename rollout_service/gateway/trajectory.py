@@ -47,10 +47,10 @@ def _sequence(by_index: dict[int, CallRecord], leaf: CallRecord, k: int) -> Agen
     for call, choice_index in path:
         start = len(call.prompt_ids)
         versions[fed_from:start] = [call.policy_version] * (start - fed_from)
-        choice = call.choices[choice_index]
-        end = start + len(choice.token_ids)
-        loss_mask[start:end] = [1] * len(choice.token_ids)
-        logprobs[start:end] = choice.logprobs
-        versions[start:end] = choice.token_versions
+        sampled = call.choices[choice_index]
+        end = start + len(sampled.token_ids)
+        loss_mask[start:end] = [1] * len(sampled.token_ids)
+        logprobs[start:end] = sampled.logprobs
+        versions[start:end] = sampled.token_versions
         fed_from = end
     return AgentSequence(token_ids, loss_mask, logprobs, versions)
