@@ -323,6 +323,9 @@ class CheckerPool:
 
     async def _drive_loop(self, slot: int, in_pipe: collections.deque[_Job]) -> None:
         head_started = 0.0
+        # Seconds the head item may take from head_started: its deadline, or STARTUP_TIMEOUT_S while the
+        # worker imports a job module at first use (worker.IMPORTING ... worker.IMPORTED).
+        allowed = 0.0
         while not self._closed:
             w = self._workers[slot]
             if w is None:
@@ -334,8 +337,8 @@ class CheckerPool:
                     continue
             if not in_pipe:
                 job = await self._next_job(slot, wait=True)
-                head_started = time.monotonic()
                 assert job is not None
+                head_started, allowed = time.monotonic(), job.deadline_s
                 if not self._send(w, job, in_pipe):
                     self._retire(slot, in_pipe, "verification worker died")
                     continue
@@ -350,12 +353,17 @@ class CheckerPool:
                 if not self._send(w, job, in_pipe):
                     break
             head = in_pipe[0]
-            remaining = head.deadline_s - (time.monotonic() - head_started)
+            remaining = allowed - (time.monotonic() - head_started)
             try:
                 try:
                     reply = await w.receive(max(remaining, 0.0), abandoned=head.current)
                 except _Abandoned:
                     reply = await w.receive(min(max(remaining, 0.0), ABANDONED_GRACE_S))
+                if reply in (worker.IMPORTING, worker.IMPORTED):
+                    # The import is no part of the item's deadline: its clock starts again after it.
+                    head_started = time.monotonic()
+                    allowed = STARTUP_TIMEOUT_S if reply == worker.IMPORTING else head.deadline_s
+                    continue
                 value, error = reply  # type: ignore[misc]
             except TimeoutError:
                 self._retire(
@@ -373,7 +381,7 @@ class CheckerPool:
             head.answered += 1
             if head.answered == len(head.items):
                 in_pipe.popleft()
-            head_started = time.monotonic()
+            head_started, allowed = time.monotonic(), in_pipe[0].deadline_s if in_pipe else 0.0
             if not result.done():
                 result.set_result((value, error))
 

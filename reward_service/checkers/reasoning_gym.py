@@ -6,6 +6,11 @@ The entry is rebuilt from the sample's metadata and checked first: withheld task
 numbers that size what a task builds are bounded (``reward_service.checkers.reasoning_gym_tasks``).
 ``score_answer`` itself is reasoning-gym's code, opaque to any cooperative deadline, which is why it runs
 here, under the pool's deadline and memory limit.
+
+reasoning-gym (and ``reasoning_gym_tasks``, which imports it) is imported at the first reasoning-gym job a
+process runs, not with this module: every checker worker would otherwise pay about 1.3 s and 200 MiB at
+start for tasks few services score. The first job's deadline includes the import; the worker's memory limit
+is raised by what it took (``worker.import_outside_memory_limit``).
 """
 
 from __future__ import annotations
@@ -13,11 +18,10 @@ from __future__ import annotations
 import json
 import math
 from functools import cache
+from types import ModuleType
 from typing import Any
 
-import reasoning_gym
-
-from reward_service.checkers.reasoning_gym_tasks import check_entry_metadata, withheld_reason
+from reward_service.checkers.worker import import_outside_memory_limit
 
 ENTRY_KEY = "reasoning_gym"
 ERROR_CHARS = 200
@@ -36,14 +40,19 @@ def entry_of(task: str, question: str, gold: str | None, raw: Any) -> dict[str, 
     source = raw.get("source_dataset")
     if source is not None and source != task:
         raise ValueError(f"metadata '{ENTRY_KEY}' is an entry of task {str(source)[:80]!r}, not {task!r}")
-    check_entry_metadata(task, raw, where=f"metadata {ENTRY_KEY}")
+    _tasks().check_entry_metadata(task, raw, where=f"metadata {ENTRY_KEY}")
     return {"question": question, "answer": gold, "metadata": raw}
+
+
+def _tasks() -> ModuleType:
+    """``reasoning_gym_tasks`` (the withheld tasks and bounds), imported at first use."""
+    return import_outside_memory_limit("reward_service.checkers.reasoning_gym_tasks")
 
 
 @cache
 def _dataset(task: str) -> Any:
     """The task's dataset with its default config: its ``score_answer`` is what scores."""
-    return reasoning_gym.create_dataset(task, size=1, seed=0)
+    return import_outside_memory_limit("reasoning_gym").create_dataset(task, size=1, seed=0)
 
 
 def score_entry(
@@ -52,7 +61,7 @@ def score_entry(
     """``(value, error)`` of one sample: its entry rebuilt and checked (:func:`entry_of`), then the task's
     ``score_answer(answer, entry)``. A checker pool job (it runs in a worker process, see the module
     docstring); MemoryError propagates, for the worker to name its limit."""
-    reason = withheld_reason(task)
+    reason = _tasks().withheld_reason(task)
     if reason is not None:
         return None, f"reasoning-gym task {task!r} is withheld: {reason}"
     try:

@@ -31,26 +31,22 @@ from __future__ import annotations
 
 import collections
 import functools
+import importlib
 import logging
 import os
 import resource
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from latex2sympy2_extended import NormalizationConfig
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-# The modules of the other jobs are imported here, before the worker says "ready", so that no sample's
-# deadline pays for importing them (reasoning-gym: about a second) and the memory limit is measured with them
-# loaded. The slim image has no reasoning-gym and scores without its tasks.
+# The JSON-schema job's module is imported here, before the worker says "ready", so that no sample's deadline
+# pays for importing it and the memory limit is measured with it loaded. reasoning-gym is not: see
+# ``import_outside_memory_limit``.
 from reward_service.checkers import json_schema, number_literals  # noqa: F401
 from reward_service.checkers.options import TRL, MathVerifyOptions
-
-try:
-    from reward_service.checkers import reasoning_gym  # noqa: F401
-except ModuleNotFoundError as missing:
-    if not (missing.name or "").startswith("reasoning_gym"):
-        raise
 
 Result = tuple[float | None, str]
 
@@ -190,6 +186,40 @@ def limit_memory(memory_mb: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (wanted, hard))
 
 
+# What a worker tells the pool around an import at first use (``import_outside_memory_limit``): the pool
+# gives the import STARTUP_TIMEOUT_S instead of the item's deadline and restarts the item's clock after it.
+IMPORTING = "importing"
+IMPORTED = "imported"
+_pool_conn: Any = None  # this worker's pipe to the pool, set by ``serve``
+
+
+@functools.cache
+def import_outside_memory_limit(name: str) -> ModuleType:
+    """Imports module ``name`` in this process at its first use, outside the item's deadline (see
+    IMPORTING) and outside its memory budget. For job modules too heavy to import in every worker at start:
+    reasoning-gym takes about 1.3 s and 200 MiB of address space, paid by every worker of every reward
+    service (and every test that starts one) although few of them ever score a reasoning-gym task.
+
+    The import runs without the address-space limit (it is this project's code and its dependencies, not a
+    sample's input; some of it, thread pools among it, hangs rather than fails under the limit), which is
+    then set back, raised by the address space the import took, so a job's ``memory_mb`` stays its own."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if _pool_conn is not None:
+        _pool_conn.send(IMPORTING)
+    before = address_space_bytes()
+    resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+    try:
+        return importlib.import_module(name)
+    finally:
+        if soft != resource.RLIM_INFINITY:
+            raised = soft + max(0, address_space_bytes() - before)
+            if hard != resource.RLIM_INFINITY:
+                raised = min(raised, hard)
+            resource.setrlimit(resource.RLIMIT_AS, (raised, hard))
+        if _pool_conn is not None:
+            _pool_conn.send(IMPORTED)
+
+
 def _run(function: Callable[..., Result], args: tuple[Any, ...], memory_mb: int | None) -> Result:
     """One item of a job, every failure of it an error result (the worker goes on to the next item)."""
     try:
@@ -211,6 +241,7 @@ def serve(conn: Any, niceness: int = 0, memory_mb: int | None = None) -> None:
     bounded by the pool's deadline (the pool kills a worker that overruns), its memory by ``memory_mb``
     (see ``limit_memory``).
     """
+    global _pool_conn
     if niceness:
         os.nice(niceness)
     number_literals.install()
@@ -218,6 +249,7 @@ def serve(conn: Any, niceness: int = 0, memory_mb: int | None = None) -> None:
     # "ready", not inside some sample's deadline. (Each job brings its own timeouts; these are TRL's.)
     check_answer("1", r"\boxed{1}", parse_timeout=10, verify_timeout=5)
     limit_memory(memory_mb)
+    _pool_conn = conn
     conn.send("ready")
     while True:
         try:

@@ -69,6 +69,18 @@ async def test_correct_answers_score_one_and_wrong_ones_less(pool, task):
     assert values[1] < 1.0 and values[2] == 0.0
 
 
+async def test_a_worker_imports_reasoning_gym_at_its_first_job_outside_its_deadline_and_memory_limit():
+    # A 1 s deadline and a 64 MiB budget: the import (about 1.3 s and 200 MiB) fits in neither.
+    small = CheckerPool(CheckerSettings(workers=1, deadline_s=1.0, memory_mb=64, standby=False))
+    await small.start()
+    try:
+        task = "leg_counting"
+        results = await score(task, [entry_sample(task, f"<answer>{gold(task)}</answer>")], small)
+        assert results[0].value == 1.0 and small.replaced == 0
+    finally:
+        await small.close()
+
+
 async def test_entry_metadata_as_object_and_as_json_text_score_alike(pool):
     task = "leg_counting"
     completion = f"<answer>{gold(task, 1)}</answer>"
