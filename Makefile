@@ -65,6 +65,7 @@ lint: $(STAMP) check-protos
 	./scripts/buf_breaking.sh
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	./docker/cuda_lock.sh
 
 # The container tests use the cpu images. Building them here, before pytest, keeps a first build (about
 # ten minutes on a clean machine) outside the per-test timeout; an up-to-date image is reused in seconds.
@@ -87,7 +88,7 @@ bench: setup
 images: $(STAMP)
 	./docker/build_images.sh cpu
 
-images-cuda:
+images-cuda: $(STAMP)
 	./docker/build_images.sh cuda
 
 clean:

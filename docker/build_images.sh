@@ -3,8 +3,8 @@
 # cpu: BASE_IMAGE defaults to python:3.11-slim-bookworm when that image is present locally, else to
 #      a local Debian base made by build_base.sh (no registry is needed). Images are tagged
 #      grpo-services/{reward,rollout,trainer}:cpu (+ grpo-services/reward:cpu-slim without torch).
-# cuda: needs BASE_IMAGE_CUDA (an NVIDIA CUDA runtime image with Python 3.11) and a CUDA wheelhouse;
-#       see docker/*.cuda.Dockerfile.
+# cuda: grpo-services/{reward,rollout,trainer}:cuda from the same kind of base and PyPI's CUDA wheels
+#       (docker/build_wheelhouse.sh cuda fetches about 6 GB once); scripts/check_cuda_images.sh checks them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,11 +49,40 @@ if [ "$flavour" = cpu ]; then
     docker image prune -f >/dev/null
     docker images --format '{{.Repository}}:{{.Tag}} {{.Size}}' 'grpo-services/*'
 elif [ "$flavour" = cuda ]; then
-    : "${BASE_IMAGE_CUDA:?set BASE_IMAGE_CUDA to an NVIDIA CUDA runtime image with Python 3.11}"
+    # No NVIDIA base image: torch and vLLM bring the CUDA runtime as wheels (build/wheelhouse-cuda), the
+    # driver comes from the host. The reward image takes the cpu images' base; rollout and trainer a base
+    # with a C compiler and Python headers, which Triton needs at run time (python:3.11-bookworm, or a local
+    # Debian one with gcc, libc6-dev and python3-dev).
+    base=${BASE_IMAGE:-python:3.11-slim-bookworm}
+    if ! docker image inspect "$base" >/dev/null 2>&1; then
+        base=grpo-services/base:bookworm
+        docker/build_base.sh "$base"
+    fi
+    compiler_base=${BASE_IMAGE_CUDA:-python:3.11-bookworm}
+    if ! docker image inspect "$compiler_base" >/dev/null 2>&1; then
+        compiler_base=grpo-services/base-compiler:bookworm
+        docker/build_base.sh "$compiler_base" gcc libc6-dev python3-dev
+    fi
+    docker/build_wheelhouse.sh cuda
+    # The build context: what the cuda Dockerfiles copy, hard-linked (no copy of the wheels).
+    context=build/cuda-context
+    rm -rf "$context"
+    mkdir -p "$context/docker" "$context/models" "$context/data"
+    cp -al build/wheelhouse-cuda "$context/docker/wheelhouse-cuda"
+    cp -al docker/requirements docker/dist docker/debs "$context/docker/"
+    cp -al models/demo "$context/models/demo"
+    cp -al data/demo "$context/data/demo"
     for service in reward rollout trainer; do
-        docker build -f "docker/$service.cuda.Dockerfile" --build-arg BASE_IMAGE="$BASE_IMAGE_CUDA" \
-            -t "grpo-services/$service:cuda" .
+        service_base=$compiler_base
+        [ "$service" = reward ] && service_base=$base
+        echo "building grpo-services/$service:cuda"
+        docker build -q --network=none -f "docker/$service.cuda.Dockerfile" --build-arg BASE_IMAGE="$service_base" \
+            -t "grpo-services/$service:cuda" "$context" >/dev/null
+        # The build stage (the wheelhouse and a second copy of the venv, about 10 GB) is not kept.
+        docker image prune -f >/dev/null
     done
+    rm -rf "$context"
+    docker images --format '{{.Repository}}:{{.Tag}} {{.Size}}' 'grpo-services/*:cuda'
 else
     echo "usage: $0 [cpu|cuda]" >&2
     exit 2

@@ -1,9 +1,9 @@
 """Write the requirement list of each image's extra, read from pyproject.toml.
 
 ``python docker/requirements.py --out docker/requirements`` writes ``reward.txt``, ``reward-slim.txt``,
-``rollout.txt`` and ``trainer.txt``: the base dependencies plus the extra's own (self-references such
-as ``grpo-services[reward-slim]`` expanded). Images install these from the wheelhouse first, in a
-layer that stays cached while only the project's code changes.
+``rollout.txt``, ``trainer.txt`` and the CUDA images' ``*-cuda.txt``: the base dependencies plus the
+extra's own (self-references such as ``grpo-services[reward-slim]`` expanded). Images install these from
+the wheelhouse first, in a layer that stays cached while only the project's code changes.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ IMAGES = {
     "reward-slim": ["reward-slim"],
     "rollout": ["rollout", "vllm"],
     "trainer": ["trainer"],
+    "reward-cuda": ["reward"],
+    "rollout-cuda": ["rollout", "vllm-cuda"],
+    "trainer-cuda": ["trainer", "quantization"],
 }
 _SELF = re.compile(r"^grpo-services\[(?P<extras>[^\]]+)\]$")
 
