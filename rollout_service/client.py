@@ -228,7 +228,7 @@ class RolloutClient(ServiceClient):
         ``format``: WeightFormat or "lora" / "state_dict"; ``adapter_config`` is required for LoRA
         (a dict or the adapter_config.json text).
         """
-        encoded_payload = _torch_side("EncodedPayload")
+        encoded_payload: type[EncodedPayload] = _torch_side("EncodedPayload")
         if not isinstance(payload, encoded_payload):
             view = memoryview(payload).cast("B")
             payload = encoded_payload((view,), len(view), 0)

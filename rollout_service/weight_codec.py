@@ -33,7 +33,7 @@ def encode_weight_header(
     first, so the whole payload is hashed before the first byte is sent."""
     header = rollout_pb2.WeightChunk(
         version=version,
-        format=int(fmt),
+        format=int(fmt),  # type: ignore[arg-type]  # protoc .pyi: no int
         adapter_config_json=adapter_config_json,
         total_bytes=payload.nbytes,
         sha256=payload.sha256,
@@ -109,7 +109,7 @@ def encode_open_weight_channel(
 ) -> rollout_pb2.OpenWeightChannelRequest:
     """``group`` is read by the server for TORCH_DISTRIBUTED only."""
     return rollout_pb2.OpenWeightChannelRequest(
-        transport=int(transport),
+        transport=int(transport),  # type: ignore[arg-type]  # protoc .pyi: no int
         init_method=group.init_method,
         rank=group.rank,
         world_size=group.world_size,
@@ -139,7 +139,7 @@ def decode_open_weight_channel(
 def encode_channel_manifest(manifest: ChannelManifest) -> rollout_pb2.UpdateWeightsFromChannelRequest:
     return rollout_pb2.UpdateWeightsFromChannelRequest(
         version=manifest.version,
-        format=int(manifest.format),
+        format=int(manifest.format),  # type: ignore[arg-type]  # protoc .pyi: no int
         adapter_config_json=manifest.adapter_config_json,
         tensors=[
             rollout_pb2.TensorLayout(
@@ -173,7 +173,7 @@ def encode_channel_applied(applied: ChannelApplied) -> rollout_pb2.UpdateWeights
         tensors_loaded=applied.tensors_loaded,
         transfer_seconds=applied.transfer_seconds,
         apply_seconds=applied.apply_seconds,
-        transport=int(applied.transport),
+        transport=int(applied.transport),  # type: ignore[arg-type]  # protoc .pyi: no int
     )
 
 

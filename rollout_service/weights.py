@@ -277,7 +277,8 @@ def _validate_lora(
     if config.get("rank_pattern") or config.get("alpha_pattern"):
         raise InvalidArgument("per-module rank_pattern / alpha_pattern are not supported", field=field)
     alpha = config.get("lora_alpha")
-    if type(alpha) not in (int, float) or not math.isfinite(alpha):
+    # bool is an int subclass, and JSON's true is no alpha
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
         raise InvalidArgument(f"lora_alpha must be a finite number, got {alpha!r}", field=field)
     declared_rank = config.get("r")
     if declared_rank is not None and (type(declared_rank) is not int or declared_rank < 1):

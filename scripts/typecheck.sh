@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CLEAN_PACKAGES=(grpo_runtime tiny_models)
+CLEAN_PACKAGES=(grpo_runtime tiny_models rollout_service)
 
 args=()
 for package in "${CLEAN_PACKAGES[@]}"; do

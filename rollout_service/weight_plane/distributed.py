@@ -104,6 +104,10 @@ class BroadcastGroup:
     GPU of its own: a trainer and a replica sharing one GPU use shared memory instead.
     """
 
+    # None once closed.
+    _store: dist.TCPStore | None
+    _group: dist.ProcessGroupNCCL | dist.ProcessGroupGloo | None
+
     def __init__(self, spec: GroupSpec, device: torch.device | str = "cpu") -> None:
         """Join the group: blocks until every rank joined, or torch gave up: DEADLINE_EXCEEDED when that
         was past ``spec.timeout_s`` (nobody hosts the store, a rank never came), FAILED_PRECONDITION before.
@@ -150,7 +154,8 @@ class BroadcastGroup:
             for index, buffer in enumerate(buffers):
                 if fill is not None:
                     fill(index, buffer)
-                works.append(self._group.broadcast([buffer], options))
+                # torch's .pyi lacks the backends' broadcast; after close() (None) this fails as before
+                works.append(self._group.broadcast([buffer], options))  # type: ignore[union-attr]
             for work in works:
                 work.wait()
         except (RuntimeError, dist.DistError) as exc:

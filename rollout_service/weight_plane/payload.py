@@ -34,6 +34,7 @@ import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import final
 
 import numpy as np
 import torch
@@ -75,9 +76,10 @@ def _byte_view(tensor: torch.Tensor) -> memoryview:
     flat = tensor.reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy())
+    return flat.view(torch.uint8).numpy().data
 
 
+@final  # lets mypy narrow the client's isinstance on the lazily imported class
 @dataclass(frozen=True)
 class EncodedPayload:
     """A safetensors file as a header plus views of the tensors' memory (no data copied).
@@ -318,7 +320,7 @@ class PayloadReceiver:
                 raise InvalidArgument(
                     f"declared {self.expected_bytes} bytes, received {self.received}", field="total_bytes"
                 )
-            data: memoryview | bytes = memoryview(self._buffer)
+            data: memoryview | bytes = self._buffer.data
         else:
             data = b"".join(self._parts)
         return data, self._digest.hexdigest()
