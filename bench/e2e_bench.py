@@ -12,12 +12,11 @@ Trio:
 - ``sync``: ``trainer_service.training.job.run_job`` against a reward and an HF-engine rollout service on
   127.0.0.1 (weights pushed after every step, generation waits for the push); ``importance_sampling: auto``
   resolves to "verify" here (exactly on-policy: the correction's extra forward runs on the first step only);
-- ``async``: the same with ``async_rollout: true, max_staleness: 1`` (next batch generated during the step,
-  weights pushed in the background; the correction on every step), against its own rollout service started
-  as ``make run``/``train`` start one for an async run on CPU: trainer and rollout service split the cores
-  while a prefetch generates (``launcher.overlap_threads``) and the trainer takes them all once it is done
-  (``trainer_service.rollout.core_borrowing``).
-
+- ``async``: the same with ``rollout: {async_rollout: true, max_staleness: 1}`` (next batch generated during
+  the step, weights pushed in the background; the correction on every step), against its own rollout service
+  started as ``make run``/``train`` start one for an async run on CPU: trainer and rollout service split the
+  cores while a prefetch generates (``launcher.overlap_threads``) and the trainer takes them all once it is
+  done (``trainer_service.rollout.core_borrowing``).
 The trio's three processes spin a third as long as libgomp's default before their idle OpenMP threads
 sleep (``GOMP_SPINCOUNT=100000``, what their ``__main__`` modules set, ``grpo_runtime.openmp``): its
 trainer runs in a child process started with it.
@@ -122,24 +121,23 @@ def numeric_accuracy(completions: list[Any], answer: list[str], **_: Any) -> lis
     return scores
 
 
-def run_config(model: Path, data: Path, output: Path, steps: int, **training: Any) -> dict:
+def run_config(
+    model: Path, data: Path, output: Path, steps: int, *, cpu_threads: int | None = None, **blocks: Any
+) -> dict:
+    """The trio's run config; ``blocks``: further ``training`` blocks (``loss``, ``rollout``)."""
     return {
         "base": str(model),
         "output": str(output),
         "data": {"train": str(data)},
         "training": {
             "max_steps": steps,
-            "lr": 1e-4,
-            "batch_size": 32,
-            "num_generations": 8,
-            "max_completion_length": 32,
-            "temperature": 1.0,
-            "reward_fn": "accuracy",
-            "reward_params": {"accuracy": {"mode": "numeric"}},
-            "lora": {"r": 16, "alpha": 32},
             "logging_steps": 1,
             "seed": 0,
-            **training,
+            "optimizer": {"learning_rate": 1e-4, "per_device_train_batch_size": 32},
+            "generation": {"num_generations": 8, "max_completion_length": 32, "temperature": 1.0},
+            "rewards": {"reward_fn": "accuracy", "params": {"accuracy": {"mode": "numeric"}}},
+            "model": {"lora": {"r": 16, "alpha": 32}, "cpu_threads": cpu_threads},
+            **blocks,
         },
     }
 
@@ -204,7 +202,7 @@ class EngineRollout(TrainerCallback):
         vocab = self.catalog.shapes.get("model.embed_tokens.weight", (len(self.engine.tokenizer),))[0]
         self.validator = RequestValidator(self.engine.tokenizer, self.engine.max_model_len, vocab)
         self.sampling = SamplingConfig.from_run(config)
-        self.num_generations = config.training.num_generations
+        self.num_generations = config.training.generation.num_generations
         self.version = 0
         self.calls = 0
         self.pushes: list[float] = []
@@ -574,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [name for name in RUN_ORDER if not args.only or name in args.only]
     runs: dict[str, list[dict]] = {name: [] for name in names}
     trainer_threads, rollout_threads = (None, None) if args.no_thread_split else overlap_threads()
-    trio = {"importance_sampling": args.importance_sampling}
+    trio = {"loss": {"importance_sampling": args.importance_sampling}}
     setup = {
         "commit": source_commit(),
         "model": str(args.model.relative_to(ROOT) if args.model.is_relative_to(ROOT) else args.model),
@@ -625,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
             def vllm_async(base: dict = base, round_: int = round_) -> dict:
                 with ExitStack() as server:
                     log = root / f"vllm-serve-{round_}.log"
-                    url = serve_vllm(args.model, log, server, base["training"]["lora"]["r"])
+                    url = serve_vllm(args.model, log, server, base["training"]["model"]["lora"]["r"])
                     return in_child(bench_trl_async, base, args.data, url)
 
             work: dict[str, Callable[[], dict]] = {
@@ -642,10 +640,9 @@ def main(argv: list[str] | None = None) -> int:
                         args.data,
                         out / "async",
                         args.steps,
-                        async_rollout=True,
-                        max_staleness=1,
+                        rollout={"async_rollout": True, "max_staleness": 1},
                         # Split: trainer_cpu_threads picks overlap_threads()[0] itself (loopback rollout).
-                        **({} if trainer_threads else {"cpu_threads": torch.get_num_threads()}),
+                        cpu_threads=None if trainer_threads else torch.get_num_threads(),
                         **trio,
                     ),
                     async_services,

@@ -14,10 +14,10 @@ step. One run config (``build_grpo_config``) for all three, ``max_tool_calling_i
   function and regenerates; the tool function evaluates with the reward service's own ``Calculator`` (same
   semantics, same result text; an error becomes TRL's ``{"error": ...}`` message, the trio's its tool-error
   text);
-- ``sync``: ``run_job`` with ``environment: calculator`` against a reward service (the environment) and an
-  HF-engine rollout service that runs the episodes and dials the reward service per tool call;
-- ``async``: the same with ``async_rollout: true, max_staleness: 1`` against its own rollout service with the
-  core split of ``make run`` on CPU (as in ``e2e_bench.py``).
+- ``sync``: ``run_job`` with ``tools: {environment: calculator}`` against a reward service (the environment)
+  and an HF-engine rollout service that runs the episodes and dials the reward service per tool call;
+- ``async``: the same with ``rollout: {async_rollout: true, max_staleness: 1}`` against its own rollout
+  service with the core split of ``make run`` on CPU (as in ``e2e_bench.py``).
 
 Step time = median gap between consecutive optimizer-step ends, pooled over rounds (first step of each run
 not counted; ``step_s_mean`` their mean, ``gaps_s`` all of them); episodes/s = episodes per step / mean gap;
@@ -96,28 +96,34 @@ class WorkLog(TrainerCallback):
                 self.values[key].append(float(logs[key]))
 
 
-def run_config(model: Path, data: Path, output: Path, args: argparse.Namespace, **training: Any) -> dict:
+def run_config(model: Path, data: Path, output: Path, args: argparse.Namespace, **blocks: Any) -> dict:
+    """The trio's run config; ``blocks``: further ``training`` blocks (``rollout``)."""
     return {
         "base": str(model),
         "output": str(output),
         "data": {"train": str(data)},
         "training": {
             "max_steps": args.steps,
-            "lr": 1e-4,
-            "batch_size": args.batch_size,
-            "num_generations": args.num_generations,
-            "max_completion_length": args.max_completion_length,
-            "temperature": 1.0,
-            "reward_fn": "accuracy",
-            "reward_params": {"accuracy": {"mode": "numeric"}},
-            "environment": "calculator",
-            "max_tool_calling_iterations": args.max_tool_calling_iterations,
-            # The calculator has no episode reward: the accuracy term alone, as on the TRL side.
-            "env_reward_weight": 0.0,
-            "lora": {"r": 16, "alpha": 32},
             "logging_steps": 1,
             "seed": 0,
-            **training,
+            "optimizer": {"learning_rate": 1e-4, "per_device_train_batch_size": args.batch_size},
+            "generation": {
+                "num_generations": args.num_generations,
+                "max_completion_length": args.max_completion_length,
+                "temperature": 1.0,
+            },
+            "rewards": {
+                "reward_fn": "accuracy",
+                "params": {"accuracy": {"mode": "numeric"}},
+                # The calculator has no episode reward: the accuracy term alone, as on the TRL side.
+                "environment_weight": 0.0,
+            },
+            "tools": {
+                "environment": "calculator",
+                "max_tool_calling_iterations": args.max_tool_calling_iterations,
+            },
+            "model": {"lora": {"r": 16, "alpha": 32}},
+            **blocks,
         },
     }
 
@@ -235,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
             base = parse_config(run_config(model, train, out / "trl", args))
             runs["trl"].append(bench_trl(base, train, args.max_tool_calling_iterations))
             runs["sync"].append(bench_trio(run_config(model, train, out / "sync", args), sync_services))
-            async_config = run_config(model, train, out / "async", args, async_rollout=True, max_staleness=1)
+            async_config = run_config(
+                model, train, out / "async", args, rollout={"async_rollout": True, "max_staleness": 1}
+            )
             runs["async"].append(bench_trio(async_config, async_services))
     trl, sync, async_ = (summarize(runs[mode], args.batch_size) for mode in ("trl", "sync", "async"))
     result = {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,12 +32,36 @@ LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 class ConfigError(ValueError):
-    """A configuration problem, phrased as one line naming the key: ``"<key>: <message>"`` when ``key`` (the
-    dotted config key, ``training.lr``) is given apart, else ``message`` already names it."""
+    """A configuration problem, phrased as one line naming the key: ``"<key>: <message>"`` when ``key``
+    (the dotted config key, ``training.optimizer.learning_rate``) is given apart, else ``message`` already
+    names it.
+
+    One error may carry several problems (:meth:`collected`): ``errors`` holds every ``(key, message)``,
+    ``key`` the first one's key, and the text joins their lines with ``"; "``.
+    """
 
     def __init__(self, message: str, key: str | None = None) -> None:
         self.key = key
+        self.errors: tuple[tuple[str | None, str], ...] = ((key, message),)
         super().__init__(f"{key}: {message}" if key else message)
+
+    @classmethod
+    def collected(cls, errors: Sequence[tuple[str | None, str]]) -> ConfigError:
+        """One error carrying every ``(key, message)`` of ``errors`` (at least one), in order."""
+        if not errors:
+            raise ValueError("ConfigError.collected needs at least one error")
+        first_key, first_message = errors[0]
+        error = cls(first_message, key=first_key)
+        error.errors = tuple(errors)
+        error.args = ("; ".join(error.lines()),)
+        return error
+
+    def lines(self, limit: int | None = None) -> list[str]:
+        """One ``"<key>: <message>"`` line per problem; past ``limit`` lines, a last ``"and N more"``."""
+        lines = [f"{key}: {message}" if key else message for key, message in self.errors]
+        if limit is not None and len(lines) > limit:
+            return [*lines[:limit], f"and {len(lines) - limit} more"]
+        return lines
 
 
 class ServerConfig(BaseModel):

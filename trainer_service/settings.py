@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from grpo_runtime.config import ConfigError, format_validation_error
-from trainer_service.config.run_config import FunctionPath
+from trainer_service.config.tools import FunctionPath
 
 DEFAULT_PORT = 50053
 
@@ -32,7 +32,7 @@ class TrainerServiceSettings(BaseModel):
     data_roots: list[Path] = Field(
         default=[Path("data")],
         description="Directories a StartRun config may read data from (data.train, data.eval, a "
-        "training.deepspeed_config file, and training.guards.eval_gate.baseline_file, which may also be "
+        "training.model.deepspeed file, and training.guards.eval_gate.baseline_file, which may also be "
         "under runs_root).",
     )
     model_roots: list[Path] = Field(
@@ -52,9 +52,9 @@ class TrainerServiceSettings(BaseModel):
     )
     allowed_tools: list[FunctionPath] = Field(
         default=[],
-        description="The 'module:function' entries a StartRun config may list in training.tools. A run that "
-        "starts its own reward service makes it import them, which runs the module's top-level code with "
-        "this service's rights: list only code you trust. None by default.",
+        description="The 'module:function' entries a StartRun config may list in training.tools.functions. "
+        "A run that starts its own reward service makes it import them, which runs the module's top-level "
+        "code with this service's rights: list only code you trust. None by default.",
     )
     allowed_report_to: list[str] = Field(
         default=[],

@@ -159,14 +159,11 @@ def test_short_training_run_through_the_trainer(trio: Trio) -> None:
             "data": {"train": "/opt/grpo/data/demo/train.jsonl"},
             "training": {
                 "max_steps": 2,
-                "batch_size": 8,
-                "num_generations": 4,
-                "max_completion_length": 8,
-                "lr": 1e-3,
-                "reward_fn": "accuracy",
-                "reward_params": {"accuracy": {"mode": "numeric"}},
-                "lora": {"r": 8, "alpha": 16},
                 "seed": 0,
+                "optimizer": {"per_device_train_batch_size": 8, "learning_rate": 1e-3},
+                "generation": {"num_generations": 4, "max_completion_length": 8},
+                "rewards": {"reward_fn": "accuracy", "params": {"accuracy": {"mode": "numeric"}}},
+                "model": {"lora": {"r": 8, "alpha": 16}},
             },
             # Service names on the compose network; the trainer sends the token from its own secret mount.
             "services": {

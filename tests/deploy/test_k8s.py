@@ -276,7 +276,7 @@ def test_gpu_colocated_overlay_shares_one_gpu_in_one_pod_with_sleep_mode():
 
     files = config_files("gpu-colocated")
     train = yaml.safe_load(files["train.yaml"])
-    assert train["training"]["vllm_sleep_mode"] is True
+    assert train["training"]["rollout"]["vllm_enable_sleep_mode"] is True
     assert train["services"]["rollout"] == "127.0.0.1:50052"
     assert yaml.safe_load(files["rollout.yaml"])["vllm"]["enable_sleep_mode"] is True
 

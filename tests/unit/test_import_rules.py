@@ -447,7 +447,7 @@ def test_importing_the_config_package_loads_no_torch_or_trl():
         "import trainer_service.config.rollout_targets, trainer_service.core.types\n"
         "import trainer_service.settings\n"
         "config = trainer_service.config.run_config.parse_config("
-        "{'base': 'm', 'data': {'train': 't.jsonl'}, 'training': {'grpo_variant': 'gspo'}})\n"
+        "{'base': 'm', 'data': {'train': 't.jsonl'}, 'training': {'loss': {'variant': 'gspo'}}})\n"
         f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))\n"
     )
     done = subprocess.run(

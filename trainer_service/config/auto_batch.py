@@ -1,4 +1,4 @@
-"""``training.batch_size: auto``: the completions per device per micro-step that fit in memory (arithmetic).
+"""``per_device_train_batch_size: auto``: the completions per device per micro-step that fit in memory.
 
 The trainer holds the weights, the trainable state and, per completion of the micro-batch, the activations
 its backward needs. With P parameters of which T train, ``b`` bytes per weight (2 for bf16/fp16 weights, 4
@@ -75,8 +75,8 @@ class BatchSizeChoice:
     def describe(self) -> str:
         gib = 1024**3
         return (
-            f"batch_size auto = {self.batch_size} completions per device per micro-step (a multiple of "
-            f"{self.unit}, at most {MAX_AUTO_BATCH_SIZE}): {self.fits} fit in "
+            f"per_device_train_batch_size auto = {self.batch_size} completions per device per micro-step "
+            f"(a multiple of {self.unit}, at most {MAX_AUTO_BATCH_SIZE}): {self.fits} fit in "
             f"{self.budget_bytes / gib:.2f} GiB ({MEMORY_FRACTION:.0%} of the available memory less "
             f"{self.fixed_bytes / gib:.3f} GiB of weights and optimizer state) at "
             f"{self.per_completion_bytes / 2**20:.2f} MiB per completion"
@@ -108,7 +108,7 @@ def choose_batch_size(inputs: BatchSizingInputs) -> BatchSizeChoice:
             f"auto found room for {fits} completions per micro-step ({max(budget, 0) / 2**30:.2f} GiB "
             f"after the weights and optimizer state, {per_completion / 2**20:.1f} MiB per completion), but "
             f"TRL needs a multiple of {unit} (num_generations / gcd(num_generations, processes × "
-            "gradient_accumulation_steps)); set batch_size explicitly, enable gradient_checkpointing or "
-            "shorten the completions"
+            "gradient_accumulation_steps)); set per_device_train_batch_size explicitly, enable "
+            "gradient_checkpointing or shorten the completions"
         )
     return BatchSizeChoice(batch, fits, unit, fixed, per_completion, budget)

@@ -1,6 +1,6 @@
 """The GRPO loss-variant catalog: names, what each maps to in TRL's `GRPOConfig`, and parameter checks.
 
-Plain configuration, importable without torch or TRL (the run config validates `training.grpo_variant` with
+Plain configuration, importable without torch or TRL (the run config validates `training.loss.variant` with
 it); the tensor math of every variant is in `trainer_service.training.losses`, the trainer that runs it in
 `trainer_service.training.variant_loss`, and docs/losses.md states each formula.
 
@@ -10,17 +10,17 @@ API for the config builder::
     from trainer_service.training.variant_trainer import make_variant_trainer
 
     overrides = grpo_config_overrides(
-        cfg.grpo_variant, grpo_delta=cfg.grpo_delta, epsilon=cfg.grpo_epsilon,
-        epsilon_high=cfg.grpo_epsilon_high, params=cfg.variant_params,
+        loss.variant, grpo_delta=loss.delta, epsilon=loss.epsilon,
+        epsilon_high=loss.epsilon_high, params=loss.params,
     )   # raises ConfigError(key=...) on a bad combination
-    args = GRPOConfig(..., beta=cfg.grpo_beta, **overrides)
-    trainer = make_variant_trainer(cfg.grpo_variant)(
+    args = GRPOConfig(..., beta=loss.beta, **overrides)
+    trainer = make_variant_trainer(loss.variant)(
         model=..., args=args, reward_funcs=..., train_dataset=..., rollout_func=..., peft_config=...,
     )
 
 `grpo_config_overrides` sets these `GRPOConfig` fields (always all of the first five):
 
-    variant     loss_type  importance_sampling_level  delta (from grpo_delta)         variant_params keys
+    variant     loss_type  importance_sampling_level  delta (from loss.delta)         loss.params keys
     grpo        grpo       token                      INTELLECT-2 cap > 1+ε_high | -  -
     dr_grpo     dr_grpo    token                      cap | -                         -
     dapo        dapo       token                      cap | -                         -
@@ -81,7 +81,7 @@ class VariantSpec:
     the `GRPOConfig.loss_type` that names the same objective in TRL (for the extra variants, the TRL type
     whose aggregation and warnings are closest; TRL's own loss never runs for them).
     importance_sampling_level: the level the variant requires, or None when both work (taken from the config).
-    delta_role: what `grpo_delta` means for it ("cap" = TRL/INTELLECT-2 upper cap > 1 + ε_high, "half_width" =
+    delta_role: what `delta` means for it ("cap" = TRL/INTELLECT-2 upper cap > 1 + ε_high, "half_width" =
     two_sided's δ ∈ (0, 1], None = not accepted). clip_metrics: "ppo" (TRL's clip_ratio/*), "cispo"
     (cispo_clip_ratio) or None. folds_rollout_is_ratio: the policy term consumes the rollout IS ratio itself
     instead of having the loss multiplied by it.
@@ -137,7 +137,7 @@ VARIANT_SPECS: dict[str, VariantSpec] = {
     ),
     "two_sided": VariantSpec(
         Aggregation.GLOBAL_TOKEN, "dapo", "token", "half_width", "ppo",
-        "two-sided: symmetric clip [1−δ, 1+δ] (grpo_delta ∈ (0, 1]), global token mean",
+        "two-sided: symmetric clip [1−δ, 1+δ] (delta ∈ (0, 1]), global token mean",
         trl_native=False,
     ),
     "rft": VariantSpec(
@@ -156,9 +156,9 @@ ALIASES: dict[str, str] = {"standard": "dapo"}
 
 VARIANTS: dict[str, str] = {name: spec.description for name, spec in VARIANT_SPECS.items()}
 
-# Parameters a variant takes from `variant_params`; each is a GRPOConfig field of the same name.
-# Clip range (ε_low, ε_high) a variant's paper uses, taken when the config sets neither `grpo_epsilon` nor
-# `grpo_epsilon_high`: GSPO's sequence ratio stays within ~1e-3 of 1, so TRL's token-level 0.2 never clips it
+# Parameters a variant takes from `training.loss.params`; each is a GRPOConfig field of the same name.
+# Clip range (ε_low, ε_high) a variant's paper uses, taken when the config sets neither `epsilon` nor
+# `epsilon_high`: GSPO's sequence ratio stays within ~1e-3 of 1, so TRL's token-level 0.2 never clips it
 # (GSPO paper, §5.1; TRL paper_index.md recipe).
 PAPER_CLIP_RANGES: dict[str, tuple[float, float]] = {"gspo": (3e-4, 4e-4)}
 
@@ -169,14 +169,14 @@ VARIANT_PARAM_KEYS: dict[str, tuple[str, ...]] = {
 
 
 def normalize_variant(variant: str) -> str:
-    """Lower-cased canonical name; raises ConfigError(key="grpo_variant") for an unknown one."""
+    """Lower-cased canonical name; raises ConfigError(key="variant") for an unknown one."""
     if not isinstance(variant, str):
-        raise ConfigError(f"must be a string, got {type(variant).__name__}", key="grpo_variant")
+        raise ConfigError(f"must be a string, got {type(variant).__name__}", key="variant")
     name = variant.strip().lower()
     name = ALIASES.get(name, name)
     if name not in VARIANT_SPECS:
         choices = ", ".join(sorted([*VARIANT_SPECS, *ALIASES]))
-        raise ConfigError(f"unknown variant {variant!r}; choose one of: {choices}", key="grpo_variant")
+        raise ConfigError(f"unknown variant {variant!r}; choose one of: {choices}", key="variant")
     return name
 
 
@@ -203,47 +203,47 @@ def validate_variant_params(
     """
     name = normalize_variant(variant)
     spec = VARIANT_SPECS[name]
-    epsilon = _finite_number(epsilon, "grpo_epsilon")
+    epsilon = _finite_number(epsilon, "epsilon")
     if epsilon <= 0:
-        raise ConfigError(f"must be > 0, got {epsilon}", key="grpo_epsilon")
-    eps_high = epsilon if epsilon_high is None else _finite_number(epsilon_high, "grpo_epsilon_high")
+        raise ConfigError(f"must be > 0, got {epsilon}", key="epsilon")
+    eps_high = epsilon if epsilon_high is None else _finite_number(epsilon_high, "epsilon_high")
     if eps_high <= 0:
-        raise ConfigError(f"must be > 0, got {eps_high}", key="grpo_epsilon_high")
+        raise ConfigError(f"must be > 0, got {eps_high}", key="epsilon_high")
     if grpo_delta is not None:
-        delta = _finite_number(grpo_delta, "grpo_delta")
+        delta = _finite_number(grpo_delta, "delta")
         if spec.delta_role is None:
-            raise ConfigError(f"is not used by variant {name!r}; remove it", key="grpo_delta")
+            raise ConfigError(f"is not used by variant {name!r}; remove it", key="delta")
         if spec.delta_role == "half_width" and not 0.0 < delta <= 1.0:
             raise ConfigError(
                 f"two_sided clips the ratio to [1 − δ, 1 + δ], so δ must be in (0, 1]; got {delta}",
-                key="grpo_delta",
+                key="delta",
             )
         if spec.delta_role == "cap" and delta <= 1.0 + eps_high:
             raise ConfigError(
                 f"for {name!r} it is INTELLECT-2's upper cap on the ratio and must be > 1 + epsilon_high "
                 f"({1.0 + eps_high}); got {delta} (a symmetric clip is variant 'two_sided')",
-                key="grpo_delta",
+                key="delta",
             )
     elif spec.delta_role == "half_width":
-        raise ConfigError("two_sided needs grpo_delta in (0, 1]", key="grpo_delta")
+        raise ConfigError("two_sided needs delta in (0, 1]", key="delta")
     if name == "cispo" and eps_high <= 1.0:
         # CISPO's weight is sg(min(r, ε_max)): on-policy r = 1, so ε_max <= 1 clamps every token's weight to
         # ε_max, which only scales the whole gradient down (ScaleRL: ε_max = 5.0).
         raise ConfigError(
-            f"is {eps_high}{' (unset: grpo_epsilon)' if epsilon_high is None else ''}, but cispo clips its "
+            f"is {eps_high}{' (unset: epsilon)' if epsilon_high is None else ''}, but cispo clips its "
             "importance weight at this value, and a cap <= 1 only scales the gradient down (the on-policy "
             "weight is 1); set it > 1, e.g. 5.0 as ScaleRL",
-            key="grpo_epsilon_high",
+            key="epsilon_high",
         )
     allowed = VARIANT_PARAM_KEYS.get(name, ())
     for key, value in (params or {}).items():
         if key not in allowed:
             hint = f"allowed: {', '.join(allowed)}" if allowed else "this variant takes none"
-            raise ConfigError(f"unknown parameter for variant {name!r} ({hint})", key=f"variant_params.{key}")
-        number = _finite_number(value, f"variant_params.{key}")
+            raise ConfigError(f"unknown parameter for variant {name!r} ({hint})", key=f"params.{key}")
+        number = _finite_number(value, f"params.{key}")
         minimum_ok = number >= 0 if key.startswith("vespo_k") else number > 0
         if not minimum_ok:
-            raise ConfigError(f"must be > 0, got {number}", key=f"variant_params.{key}")
+            raise ConfigError(f"must be > 0, got {number}", key=f"params.{key}")
     return name
 
 

@@ -7,7 +7,7 @@ worker starts:
   directory, symlinks resolved, inside ``runs_root`` and a directory if it exists (never a device file);
 - ``training.resume_from_checkpoint`` (a path): inside ``runs_root`` too;
 - ``data.train``, ``data.eval`` (unless a generated ``reasoning_gym:<task>`` source), a
-  ``training.deepspeed_config`` file: inside one of ``data_roots``, a regular file or a directory if it exists
+  ``training.model.deepspeed`` file: inside one of ``data_roots``, a regular file or a directory if it exists
   (a missing file fails the run itself, with the data error); an inline DeepSpeed config is refused (it can
   name directories DeepSpeed writes, such as an offload ``nvme_path``);
 - ``training.guards.eval_gate.baseline_file``: a regular file inside ``runs_root`` or one of ``data_roots``;
@@ -16,8 +16,8 @@ worker starts:
 - ``services.admin_token_file``, ``services.tls_ca_file``: regular files inside one of ``secret_roots``;
 - a ``unix:PATH`` service address (``services.reward``, ``services.rollout[i]``, ``services.environment``):
   inside one of ``socket_roots``;
-- ``training.tools[i]`` (``module:function``, imported by the reward service a run starts): listed in
-  ``allowed_tools``; ``training.report_to`` (each integration imports its package): listed in
+- ``training.tools.functions[i]`` (``module:function``, imported by the reward service a run starts):
+  listed in ``allowed_tools``; ``training.report_to`` (each integration imports its package): listed in
   ``allowed_report_to`` or ``none``.
 
 Relative paths are relative to the service's working directory, as the worker reads them. The CLI's ``train``
@@ -149,20 +149,20 @@ def _output_dir(config: RunConfig, roots: RunRoots) -> Path:
 def _reads(config: RunConfig, roots: RunRoots) -> None:
     """Data and DeepSpeed files under the data roots; an eval baseline under the runs or data roots."""
     data_files = {"data.train": config.data.train, "data.eval": config.data.eval}
-    deepspeed = config.training.deepspeed_config
+    deepspeed = config.training.model.deepspeed
     if isinstance(deepspeed, dict):
         raise _refused(
-            "training.deepspeed_config",
+            "training.model.deepspeed",
             "an inline DeepSpeed config is refused over StartRun (it can name directories DeepSpeed writes, "
             "such as an offload nvme_path); name a DeepSpeed config file under the data roots",
         )
     if deepspeed is not None:
-        data_files["training.deepspeed_config"] = deepspeed
+        data_files["training.model.deepspeed"] = deepspeed
     for key, text in data_files.items():
         if text is not None and generated_task(text) is None:  # generated data reads no file
             path = _resolve(text, key)
             _inside(path, roots.data, key, "data roots")
-            _kind(path, key, directory_ok=key != "training.deepspeed_config", file_ok=True)
+            _kind(path, key, directory_ok=key != "training.model.deepspeed", file_ok=True)
 
     guards = config.training.guards
     baseline = guards.eval_gate.baseline_file if guards and guards.eval_gate else None
@@ -251,10 +251,10 @@ def _sockets(config: RunConfig, roots: RunRoots) -> None:
 def _imports(config: RunConfig, allowed: RunAllowList) -> None:
     """Names a run's processes would import: function tools and reporting integrations."""
     t = config.training
-    for index, tool in enumerate(t.tools or []):
+    for index, tool in enumerate(t.tools.functions or []):
         if tool not in allowed.tools:
             raise _refused(
-                f"training.tools[{index}]",
+                f"training.tools.functions[{index}]",
                 f"{tool!r} is not in the trainer service's allowed_tools ({_listed(allowed.tools)}); a run "
                 "may only name functions the operator allow-listed",
             )

@@ -47,6 +47,8 @@ _SPAWN = multiprocessing.get_context("spawn")
 _RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 # A run config is a few KiB; these bound what one StartRun costs to parse (PyYAML: ~1 s per 100 KiB here).
 CONFIG_YAML_LIMITS = YamlLimits(max_bytes=256 * 1024, max_depth=32, max_aliases=100, max_nodes=100_000)
+# Config errors one INVALID_ARGUMENT message lists; the rest are counted ("and N more").
+MAX_REPORTED_CONFIG_ERRORS = 20
 
 
 @dataclass
@@ -104,7 +106,7 @@ class RunManager:
             # Validating up to CONFIG_YAML_LIMITS.max_nodes values takes a while too: off the loop as well.
             config = await asyncio.to_thread(parse_config, raw)
         except ConfigError as exc:  # YAML errors start with "config_yaml: ", run-config ones with the key
-            message = str(exc).removeprefix("config_yaml: ")
+            message = "; ".join(exc.lines(limit=MAX_REPORTED_CONFIG_ERRORS)).removeprefix("config_yaml: ")
             raise InvalidArgument(message, field="config_yaml") from exc
         self._check_run_id(run_id)
         # Path resolution, mkdir and the lock probe touch the file system: off the loop. The capacity is

@@ -22,13 +22,13 @@ Design (single process):
   ``v = c - 1`` (generated from the weights before step s-1's optimizer step) and is accepted;
   ``max_staleness: 0`` drops every such prefetch, so it trains exactly like the synchronous loop (at the cost
   of the wasted generation).
-* **Partial rollouts** (``training.partial_rollouts``, default on). A prefetch asks the service to continue
-  across weight updates: the push after step s no longer waits for step s+1's prefetch, the prefetch pauses at
-  a token boundary, takes the new weights and goes on, and every token carries the version that sampled it.
-  The bound then holds per token (:mod:`trainer_service.rollout.token_staleness`): tokens more than
-  ``max_staleness`` versions behind get zero loss weight, the rest train, and no batch is thrown away for
-  staleness (``async/discarded`` stays 0). Off: the batch-level rule above, and a push waits for the
-  prefetch in flight.
+* **Partial rollouts** (``training.rollout.partial_rollouts``, default on). A prefetch asks the service to
+  continue across weight updates: the push after step s no longer waits for step s+1's prefetch, the prefetch
+  pauses at a token boundary, takes the new weights and goes on, and every token carries the version that
+  sampled it. The bound then holds per token (:mod:`trainer_service.rollout.token_staleness`): tokens more
+  than ``max_staleness`` versions behind get zero loss weight, the rest train, and no batch is thrown away for
+  staleness (``async/discarded`` stays 0). Off: the batch-level rule above, and a push waits for the prefetch
+  in flight.
 * **Importance sampling.** The rollout logprobs (under the generating version's weights) are returned to TRL,
   whose importance-sampling correction (``vllm_importance_sampling_correction`` in the variant trainer)
   reweights the loss by ``π_θ / π_rollout`` per token, which is what makes a 1-step-stale batch unbiased.

@@ -38,7 +38,7 @@ def overlap_threads(cores: int | None = None) -> tuple[int, int]:
 def overlapping_on_cpu(config: RunConfig, device_type: str) -> bool:
     """Async rollout with the trainer on CPU (``device_type``): trainer and rollout service compute at the
     same time."""
-    return config.training.async_rollout and device_type == "cpu"
+    return config.training.rollout.async_rollout and device_type == "cpu"
 
 
 def local_rollout_threads(config: RunConfig, device_type: str) -> int | None:
@@ -49,20 +49,20 @@ def local_rollout_threads(config: RunConfig, device_type: str) -> int | None:
 
 def shares_cores_with_rollout(config: RunConfig, device_type: str, rollout_target: str) -> bool:
     """Whether the trainer splits this machine's cores with the rollout service (async on CPU, a loopback
-    rollout, ``training.cpu_threads`` unset): its share while a prefetch generates, every core once that is
-    done (:mod:`trainer_service.rollout.core_borrowing`)."""
+    rollout, ``training.model.cpu_threads`` unset): its share while a prefetch generates, every core once
+    that is done (:mod:`trainer_service.rollout.core_borrowing`)."""
     return (
-        config.training.cpu_threads is None
+        config.training.model.cpu_threads is None
         and overlapping_on_cpu(config, device_type)
         and is_loopback(rollout_target)
     )
 
 
 def trainer_cpu_threads(config: RunConfig, device_type: str, rollout_target: str) -> int | None:
-    """torch threads for this trainer process: ``training.cpu_threads``, else half the cores when it
+    """torch threads for this trainer process: ``training.model.cpu_threads``, else half the cores when it
     shares them with a rollout service on this machine (:func:`overlap_threads`), else None (default)."""
-    if config.training.cpu_threads is not None:
-        return config.training.cpu_threads
+    if config.training.model.cpu_threads is not None:
+        return config.training.model.cpu_threads
     if shares_cores_with_rollout(config, device_type, rollout_target):
         return overlap_threads()[0]
     return None

@@ -20,7 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rollout_service.client import EpisodeSpec, FinishReason
-from trainer_service.config.run_config import EnvironmentSpec, RunConfig
+from trainer_service.config.run_config import RunConfig
+from trainer_service.config.tools import EnvironmentSpec
 
 PROMPT_COLUMNS = ("prompt", "completion", "completion_ids")
 
@@ -158,14 +159,14 @@ def episode_plan(
     """The run's plan over its train and eval rows, or None for a single-turn run; ``end_token_id``: the
     tokenizer's EOS."""
     t = config.training
-    if not t.episode_environments:
+    if not t.tools.episode_environments:
         return None
     rows = [row for dataset in datasets if dataset is not None for row in dataset]
     return EpisodePlan(
-        t.episode_environments,
+        t.tools.episode_environments,
         rows,
-        max_turns=t.episode_max_turns,
-        max_tool_calls=t.max_tool_calls,
+        max_turns=t.tools.max_model_turns,
+        max_tool_calls=t.tools.max_tool_calls,
         target=config.services.environment_target,
         end_token_id=end_token_id,
     )
@@ -174,5 +175,5 @@ def episode_plan(
 def uses_env_reward(config: RunConfig) -> bool:
     """Whether the environment's reward is a reward term of the run (after reward_fn's terms)."""
     t = config.training
-    # Function tools (training.tools, TRL's tools=) have no environment reward, as in TRL.
-    return bool(t.episode_environments) and not t.tools and t.env_reward_weight > 0
+    # Function tools (training.tools.functions, TRL's tools=) have no environment reward, as in TRL.
+    return bool(t.tools.episode_environments) and not t.tools.functions and t.rewards.environment_weight > 0

@@ -1,4 +1,4 @@
-"""``training.tools`` against an environment service this run did not start.
+"""``training.tools.functions`` against an environment service this run did not start.
 
 The reward service imports code only from its own settings, so a run cannot hand it functions: a service
 the trainer spawns gets them written into its settings; any other must already offer them, as the
@@ -15,7 +15,7 @@ from grpo_runtime.client import ChannelConfig
 from grpo_runtime.config import ConfigError
 from grpo_runtime.env_client import EnvironmentClient
 from grpo_runtime.env_types import EnvironmentInfo
-from trainer_service.config.run_config import TOOLS_ENVIRONMENT
+from trainer_service.config.tools import TOOLS_ENVIRONMENT
 
 
 def functions_status(import_paths: Sequence[str]) -> str:
@@ -40,7 +40,7 @@ async def _list(target: ChannelConfig, timeout_s: float) -> list[EnvironmentInfo
 
 
 def check_served_tools(import_paths: Sequence[str], target: ChannelConfig, timeout_s: float) -> None:
-    """ConfigError naming ``training.tools`` unless ``target`` serves exactly these functions."""
+    """ConfigError naming ``training.tools.functions`` unless ``target`` serves exactly these functions."""
     if serves_tools(asyncio.run(_list(target, timeout_s)), import_paths):
         return
     raise ConfigError(
@@ -48,5 +48,5 @@ def check_served_tools(import_paths: Sequence[str], target: ChannelConfig, timeo
         "service imports code only from its own settings: list them there as environments.functions."
         f"{TOOLS_ENVIRONMENT}: {list(import_paths)}, or leave services.reward unset so that the trainer "
         "starts one with them",
-        key="training.tools",
+        key="training.tools.functions",
     )

@@ -71,13 +71,13 @@ class SamplingConfig:
         t = config.training
         # min_tokens=1: an empty completion has no token to train on (TRL #3739's CPU failure mode).
         return cls(
-            temperature=t.temperature,
-            top_p=t.top_p,
-            max_tokens=config.max_completion_length,
-            top_k=t.top_k,
-            min_p=t.min_p,
+            temperature=t.generation.temperature,
+            top_p=t.generation.top_p,
+            max_tokens=config.training.generation.max_completion_length,
+            top_k=t.generation.top_k,
+            min_p=t.generation.min_p,
             min_tokens=1,
-            seed=t.generation_seed,
+            seed=t.generation.generation_seed,
         )
 
     def as_dict(self) -> dict[str, Any]:

@@ -28,7 +28,8 @@ from trl import GRPOConfig, GRPOTrainer
 
 from grpo_runtime.client import ChannelConfig
 from reward_service.client import RewardClient
-from trainer_service.config.run_config import ConfigError, RewardTerm, RunConfig
+from trainer_service.config.reward_terms import RewardTerm
+from trainer_service.config.run_config import ConfigError, RunConfig
 from trainer_service.core.types import EventSink
 from trainer_service.rollout.async_rollout import AsyncServiceRollout
 from trainer_service.rollout.core_borrowing import CoreBorrowing
@@ -83,7 +84,8 @@ class Objective:
 @dataclass(frozen=True)
 class Rollout:
     """The rollout replicas, the weight sync that keeps them on the trainer's policy, and the
-    ``rollout_func`` that generates from them (prefetching one step ahead with ``training.async_rollout``)."""
+    ``rollout_func`` that generates from them (prefetching one step ahead with
+    ``training.rollout.async_rollout``)."""
 
     replicas: RolloutReplicas
     sync: WeightSync
@@ -134,11 +136,11 @@ def build_data(
 def build_curriculum(
     config: RunConfig, data: JobData, terms: tuple[RewardTerm, ...], checkpoint: str | None
 ) -> Curriculum | None:
-    """``training.curriculum`` over the train prompts, counting the first reward term; its counts restored
-    from ``checkpoint`` when resuming."""
-    if config.training.curriculum is None:
+    """``training.sampling.curriculum`` over the train prompts, counting the first reward term; its counts
+    restored from ``checkpoint`` when resuming."""
+    if config.training.sampling.curriculum is None:
         return None
-    curriculum = Curriculum(data.train["prompt"], config.training.curriculum, terms[0].name)
+    curriculum = Curriculum(data.train["prompt"], config.training.sampling.curriculum, terms[0].name)
     if checkpoint is not None:
         curriculum.load(Path(checkpoint))
     return curriculum
@@ -160,7 +162,12 @@ def build_objective(
     model = build_model(config, settings.device)
     curriculum = build_curriculum(config, data, settings.reward_terms, checkpoint)
     observe = curriculum.observe_scored if curriculum is not None else None
-    scorer = BatchScorer(reward_client, settings.reward_terms, config.max_completion_length, observe=observe)
+    scorer = BatchScorer(
+        reward_client,
+        settings.reward_terms,
+        config.training.generation.max_completion_length,
+        observe=observe,
+    )
     reward_funcs: list[Any] = scorer.reward_funcs()
     if uses_env_reward(config):
         reward_funcs.append(EnvironmentReward())  # its weight is last in reward_weights (build_grpo_config)
@@ -171,7 +178,9 @@ def build_objective(
         curriculum=curriculum,
         importance_sampling=importance_sampling,
         dynamic_sampling=(
-            DynamicSamplingSettings(t.dynamic_sampling.max_gen_batches) if t.dynamic_sampling else None
+            DynamicSamplingSettings(t.sampling.dynamic_sampling.max_gen_batches)
+            if t.sampling.dynamic_sampling
+            else None
         ),
     )
 
@@ -181,14 +190,14 @@ def build_weight_sync(config: RunConfig, device: Device, replicas: RolloutReplic
     t = config.training
     return WeightSync(
         replicas,
-        enabled=t.weight_sync,
-        sleep_mode=t.vllm_sleep_mode,
-        sleep_level=t.sleep_level,
-        background=t.async_rollout,
+        enabled=t.rollout.weight_sync,
+        sleep_mode=t.rollout.vllm_enable_sleep_mode,
+        sleep_level=t.rollout.sleep_level,
+        background=t.rollout.async_rollout,
         transports=WeightTransports(
-            t.weight_transport,
-            bucket_bytes=t.weight_bucket_mb << 20,
-            group_host=t.weight_group_host,
+            t.rollout.weight_transport,
+            bucket_bytes=t.rollout.weight_bucket_mb << 20,
+            group_host=t.rollout.weight_group_host,
             backend="nccl" if device.type == "cuda" else "gloo",
             device=str(device),
         ),
@@ -213,16 +222,16 @@ def build_rollout(
         replicas,
         sync,
         SamplingConfig.from_run(config),
-        t.num_generations,
+        t.generation.num_generations,
         retry_timeout_s=config.services.retry_timeout_s,
         episodes=episodes,
     )
-    if t.async_rollout:
+    if t.rollout.async_rollout:
         cores = None
         if shares_cores_with_rollout(config, settings.device.type, endpoints.rollout.target):
             cores = CoreBorrowing(share=overlap_threads()[0], total=cpu_cores())
             stack.callback(cores.detach)
-        func = AsyncServiceRollout(func, t.max_staleness, cores, partial=t.partial_rollouts)
+        func = AsyncServiceRollout(func, t.rollout.max_staleness, cores, partial=t.rollout.partial_rollouts)
     return Rollout(replicas=replicas, sync=sync, func=func)
 
 
@@ -234,23 +243,24 @@ def build_evaluation(
     reward_client: RewardClient,
     sink: EventSink,
 ) -> EvaluationCallback | None:
-    """Held-out evaluation every ``training.eval_steps`` steps, or None without those steps or eval rows."""
+    """Held-out evaluation every ``training.evaluation.eval_steps`` steps, or None without those steps or
+    eval rows."""
     t = config.training
-    if not t.eval_steps or data.eval is None:
+    if not t.evaluation.eval_steps or data.eval is None:
         return None
     evaluator = HeldOutEvaluator(
         data.eval,
         rollout.replicas,
         rollout.sync,
         SamplingConfig.from_run(config),
-        BatchScorer(reward_client, settings.reward_terms, config.max_completion_length),
+        BatchScorer(reward_client, settings.reward_terms, config.training.generation.max_completion_length),
         data.tokenizer,
-        num_samples=t.num_generations_eval or t.num_generations,
-        threshold=t.eval_pass_threshold,
+        num_samples=t.evaluation.num_generations_eval or t.generation.num_generations,
+        threshold=t.evaluation.pass_threshold,
         retry_timeout_s=config.services.retry_timeout_s,
         episodes=data.episodes,
     )
-    return EvaluationCallback(evaluator, t.eval_steps, config.output_dir, sink)
+    return EvaluationCallback(evaluator, t.evaluation.eval_steps, config.output_dir, sink)
 
 
 def build_guard(
@@ -265,7 +275,7 @@ def build_guard(
     except BaselineError as error:
         raise ConfigError(str(error), key="training.guards.eval_gate.baseline_file") from error
     recorder = CompletionRecorder(rollout.func)
-    staleness = t.max_staleness if t.async_rollout else 0
+    staleness = t.rollout.max_staleness if t.rollout.async_rollout else 0
     return GuardCallback(guards, config.output_dir, rollout.sync, recorder, evaluation, sink, staleness)
 
 
@@ -329,7 +339,7 @@ def build_trainer(
     wrappers = [curriculum.wrap] if curriculum is not None else []
     wrappers += [func.record] if prefetching else []
     trainer_cls = with_model_card(
-        make_variant_trainer(config.training.grpo_variant, WrappedSamplerTrainer if wrappers else GRPOTrainer)
+        make_variant_trainer(config.training.loss.variant, WrappedSamplerTrainer if wrappers else GRPOTrainer)
     )
     sampler_hook = {"wrap_sampler": chain(wrappers)} if wrappers else {}
     trainer = trainer_cls(

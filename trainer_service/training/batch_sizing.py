@@ -1,4 +1,5 @@
-"""Measures what ``batch_size: auto`` needs (:mod:`trainer_service.config.auto_batch` has the arithmetic).
+"""Measures what ``per_device_train_batch_size: auto`` needs (:mod:`trainer_service.config.auto_batch`
+has the arithmetic).
 
 Memory: free CUDA memory on the training device (``torch.cuda.mem_get_info``, which already excludes what a
 rollout engine on the same GPU holds) or the available RAM on CPU (``psutil``). Model size: the base model
@@ -23,6 +24,9 @@ from trainer_service.training.builders import Device
 
 log = logging.getLogger(__name__)
 
+# Prompt + completion tokens assumed when the config bounds only the completion (soup-cli's max_length).
+ASSUMED_SEQUENCE_TOKENS = 512
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -36,7 +40,7 @@ class ModelShape:
 
 
 def _lora_parameters(model: torch.nn.Module, config: RunConfig) -> int:
-    lora = config.training.lora
+    lora = config.training.model.lora
     output = model.get_output_embeddings()
     total = 0
     for name, module in model.named_modules():
@@ -57,7 +61,7 @@ def model_shape(config: RunConfig) -> ModelShape:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(model_config)
     parameters = sum(p.numel() for p in model.parameters())
-    r = config.training.lora.r
+    r = config.training.model.lora.r
     trainable = parameters if r == 0 else _lora_parameters(model, config)
     text = model_config.get_text_config()
     return ModelShape(parameters, trainable, text.hidden_size, text.num_hidden_layers, text.vocab_size)
@@ -75,12 +79,13 @@ def sizing_inputs(config: RunConfig, device: Device, available_bytes: int | None
     """The inputs of the choice for this run on ``device`` (memory measured unless given)."""
     t = config.training
     shape = model_shape(config)
-    completion = config.max_completion_length
-    # data.max_length bounds prompt + completion; with no room left for the prompt, assume it that long.
-    prompt = config.data.max_prompt_length or config.data.max_length - completion
+    completion = config.training.generation.max_completion_length
+    # Without data.max_prompt_length, assume prompt + completion = ASSUMED_SEQUENCE_TOKENS, or a prompt that
+    # long when the completion alone fills it.
+    prompt = config.data.max_prompt_length or ASSUMED_SEQUENCE_TOKENS - completion
     if prompt <= 0:
-        prompt = config.data.max_length
-    quantized = t.quantization != "none"
+        prompt = ASSUMED_SEQUENCE_TOKENS
+    quantized = t.model.quantization != "none"
     return BatchSizingInputs(
         available_bytes=available_memory(device) if available_bytes is None else available_bytes,
         parameters=shape.parameters,
@@ -91,25 +96,29 @@ def sizing_inputs(config: RunConfig, device: Device, available_bytes: int | None
         vocab_size=shape.vocab_size,
         prompt_tokens=prompt,
         completion_tokens=completion,
-        num_generations=t.num_generations,
-        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        num_generations=t.generation.num_generations,
+        gradient_accumulation_steps=t.optimizer.gradient_accumulation_steps,
         processes=int(os.environ.get("WORLD_SIZE", "1")),
-        gradient_checkpointing=t.gradient_checkpointing,
-        reference_copy=t.lora.r == 0 and t.grpo_beta > 0,
+        gradient_checkpointing=t.optimizer.gradient_checkpointing,
+        reference_copy=t.model.lora.r == 0 and t.loss.beta > 0,
     )
 
 
 def resolve_batch_size(
     config: RunConfig, device: Device, available_bytes: int | None = None
 ) -> tuple[RunConfig, BatchSizeChoice | None]:
-    """``config`` with ``training.batch_size: auto`` replaced by the chosen size (logged), and the choice;
-    a config with a number is returned as it is, with None. Errors name ``training.batch_size``."""
-    if config.training.batch_size != "auto":
+    """``config`` with ``per_device_train_batch_size: auto`` replaced by the chosen size (logged), and the
+    choice; a config with a number is returned as it is, with None. Errors name
+    ``training.optimizer.per_device_train_batch_size``."""
+    if config.training.optimizer.per_device_train_batch_size != "auto":
         return config, None
     try:
         choice = choose_batch_size(sizing_inputs(config, device, available_bytes))
     except ValueError as exc:
-        raise ConfigError(str(exc), key="training.batch_size") from exc
+        raise ConfigError(str(exc), key="training.optimizer.per_device_train_batch_size") from exc
     log.info("%s", choice.describe())
-    training = config.training.model_copy(update={"batch_size": choice.batch_size})
+    optimizer = config.training.optimizer.model_copy(
+        update={"per_device_train_batch_size": choice.batch_size}
+    )
+    training = config.training.model_copy(update={"optimizer": optimizer})
     return config.model_copy(update={"training": training}), choice

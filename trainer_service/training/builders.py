@@ -47,10 +47,10 @@ class Device:
 
 
 def resolve_device(config: RunConfig) -> Device:
-    """``training.device``, or cuda when available, else cpu."""
-    wanted = config.training.device
+    """``training.model.device``, or cuda when available, else cpu."""
+    wanted = config.training.model.device
     if wanted == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("is 'cuda' but no CUDA device is available", key="training.device")
+        raise ConfigError("is 'cuda' but no CUDA device is available", key="training.model.device")
     return Device.named(wanted or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
@@ -70,23 +70,23 @@ def quantization_config(
     config: RunConfig, device: Device, compute_dtype: torch.dtype
 ) -> BitsAndBytesConfig | None:
     """bitsandbytes 4-bit (NF4, double quantization) or 8-bit loading; CUDA only."""
-    mode = config.training.quantization
+    mode = config.training.model.quantization
     if mode == "none":
         return None
     if device.type != "cuda":
         raise ConfigError(
             f"is {mode!r}, which needs a CUDA GPU (bitsandbytes); this run is on {device.type}; use 'none'",
-            key="training.quantization",
+            key="training.model.quantization",
         )
     if importlib.util.find_spec("bitsandbytes") is None:
         raise ConfigError(
             f"is {mode!r} but bitsandbytes is not installed (extra `quantization`)",
-            key="training.quantization",
+            key="training.model.quantization",
         )
-    if config.training.lora.r == 0:
+    if config.training.model.lora.r == 0:
         raise ConfigError(
-            "quantized weights cannot be trained directly; set training.lora.r > 0 (QLoRA)",
-            key="training.quantization",
+            "quantized weights cannot be trained directly; set training.model.lora.r > 0 (QLoRA)",
+            key="training.model.quantization",
         )
     if mode == "4bit":
         return BitsAndBytesConfig(
@@ -110,16 +110,18 @@ def build_model(config: RunConfig, device: Device) -> torch.nn.Module:
         kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
     model = AutoModelForCausalLM.from_pretrained(config.base, **kwargs)
     if quant is not None:
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=t.gradient_checkpointing)
-    if t.lora.r == 0:
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=t.optimizer.gradient_checkpointing
+        )
+    if t.model.lora.r == 0:
         return model
     adapter = PeftLoraConfig(
-        r=t.lora.r,
-        lora_alpha=t.lora.alpha,
-        lora_dropout=t.lora.dropout,
-        target_modules=t.lora.target_modules,
-        use_dora=t.lora.use_dora,
-        use_rslora=t.lora.use_rslora,
+        r=t.model.lora.r,
+        lora_alpha=t.model.lora.alpha,
+        lora_dropout=t.model.lora.dropout,
+        target_modules=t.model.lora.target_modules,
+        use_dora=t.model.lora.use_dora,
+        use_rslora=t.model.lora.use_rslora,
         bias="none",
         task_type=TaskType.CAUSAL_LM,
     )
@@ -131,20 +133,20 @@ _FSDP2_RESHARD = {FSDPOption.FULL_SHARD: True, FSDPOption.SHARD_GRAD_OP: False}
 
 
 def _fsdp_kwargs(config: RunConfig) -> dict[str, Any]:
-    """``training.fsdp_config`` → GRPOConfig ``fsdp=True`` and ``fsdp_config``.
+    """``training.model.fsdp_config`` → GRPOConfig ``fsdp=True`` and ``fsdp_config``.
 
     The config's ``fsdp`` key (a strategy string such as ``"full_shard auto_wrap"``, or a list of its words)
     becomes the ``fsdp_config`` entries transformers would derive from it (it deprecates ``fsdp`` as a string
     or a list): ``offload`` → ``cpu_offload``, a sharding strategy → ``reshard_after_forward``, ``auto_wrap``
     → nothing (the default policy wraps). Entries given in ``fsdp_config`` win."""
-    raw = config.training.fsdp_config
+    raw = config.training.model.fsdp_config
     if not raw:
         return {}
     rest = dict(raw)
     strategy = rest.pop("fsdp", "full_shard auto_wrap")
     words = strategy.split() if isinstance(strategy, str) else strategy
     if not isinstance(words, list) or not all(isinstance(word, str) for word in words):
-        raise ConfigError("a string of FSDP options or a list of them", key="training.fsdp_config.fsdp")
+        raise ConfigError("a string of FSDP options or a list of them", key="training.model.fsdp_config.fsdp")
     fsdp1 = str(rest.get("version", rest.get("fsdp_version", 2))) == "1"
     for word in words:
         try:
@@ -152,7 +154,7 @@ def _fsdp_kwargs(config: RunConfig) -> dict[str, Any]:
         except ValueError:
             raise ConfigError(
                 f"unknown FSDP option {word!r} (one of {[o.value for o in FSDPOption]})",
-                key="training.fsdp_config.fsdp",
+                key="training.model.fsdp_config.fsdp",
             ) from None
         if option == FSDPOption.OFFLOAD:
             rest.setdefault("cpu_offload", True)
@@ -163,47 +165,54 @@ def _fsdp_kwargs(config: RunConfig) -> dict[str, Any]:
         elif option in _FSDP2_RESHARD:
             rest.setdefault("reshard_after_forward", _FSDP2_RESHARD[option])
         else:
-            raise ConfigError(f"{word!r} needs FSDP1 (version: 1)", key="training.fsdp_config.fsdp")
+            raise ConfigError(f"{word!r} needs FSDP1 (version: 1)", key="training.model.fsdp_config.fsdp")
     return {"fsdp": True, "fsdp_config": rest}
+
+
+def _reward_weights(config: RunConfig) -> list[float] | None:
+    """TRL's reward_weights: one per reward term (and the environment's reward); None when all are 1."""
+    rewards = config.training.rewards
+    weights = [term.weight for term in rewards.reward_terms]
+    if uses_env_reward(config):
+        weights.append(rewards.environment_weight)
+    return weights if any(w != 1.0 for w in weights) else None
 
 
 def build_grpo_config(config: RunConfig, device: Device) -> GRPOConfig:
     """TRL's GRPOConfig from the run config (the variant decides the loss fields)."""
     t = config.training
-    terms = t.reward_terms
-    weights = [term.weight for term in terms] + ([t.env_reward_weight] if uses_env_reward(config) else [])
     overrides = grpo_config_overrides(
-        t.grpo_variant,
-        grpo_delta=t.grpo_delta,
-        epsilon=t.grpo_epsilon,
-        epsilon_high=t.grpo_epsilon_high,
-        params=t.variant_params,
+        t.loss.variant,
+        grpo_delta=t.loss.delta,
+        epsilon=t.loss.epsilon,
+        epsilon_high=t.loss.epsilon_high,
+        params=t.loss.params,
     )
     return GRPOConfig(
         output_dir=str(config.output_dir),
-        num_train_epochs=t.epochs,
+        num_train_epochs=t.num_train_epochs,
         max_steps=t.max_steps,
-        learning_rate=t.lr,
-        lr_scheduler_type=t.lr_scheduler_type,
+        learning_rate=t.optimizer.learning_rate,
+        lr_scheduler_type=t.optimizer.lr_scheduler_type,
         # transformers ≥ 5 reads a float < 1 as a fraction of the training steps.
-        warmup_steps=t.warmup_ratio,
-        weight_decay=t.weight_decay,
-        max_grad_norm=t.max_grad_norm,
-        optim=t.optim,
-        per_device_train_batch_size=t.batch_size,
-        per_device_eval_batch_size=t.batch_size,
-        gradient_accumulation_steps=t.gradient_accumulation_steps,
-        num_generations=t.num_generations,
-        beta=t.grpo_beta,
-        scale_rewards=t.scale_rewards,
-        mask_truncated_completions=t.mask_truncated_completions,
+        warmup_steps=t.optimizer.warmup_ratio,
+        weight_decay=t.optimizer.weight_decay,
+        max_grad_norm=t.optimizer.max_grad_norm,
+        optim=t.optimizer.optim,
+        per_device_train_batch_size=t.optimizer.per_device_train_batch_size,
+        per_device_eval_batch_size=t.optimizer.per_device_train_batch_size,
+        gradient_accumulation_steps=t.optimizer.gradient_accumulation_steps,
+        num_generations=t.generation.num_generations,
+        beta=t.loss.beta,
+        scale_rewards=t.loss.scale_rewards,
+        mask_truncated_completions=t.loss.mask_truncated_completions,
         # The trainer recomputes logprobs as log_softmax(logits / temperature): must equal the sampling T.
-        temperature=t.temperature,
-        top_p=t.top_p,
-        top_k=t.top_k or 0,
-        min_p=t.min_p,
-        max_completion_length=config.max_completion_length,
-        reward_weights=weights if any(w != 1.0 for w in weights) else None,
+        temperature=t.generation.temperature,
+        top_p=t.generation.top_p,
+        top_k=t.generation.top_k or 0,
+        min_p=t.generation.min_p,
+        max_completion_length=t.generation.max_completion_length,
+        reward_weights=_reward_weights(config),
         logging_steps=t.logging_steps,
         save_strategy="steps" if t.save_steps else "no",
         save_steps=t.save_steps or 500,
@@ -218,12 +227,12 @@ def build_grpo_config(config: RunConfig, device: Device) -> GRPOConfig:
         use_cpu=device.type == "cpu",
         bf16=device.bf16,
         fp16=device.fp16,
-        gradient_checkpointing=t.gradient_checkpointing,
-        deepspeed=t.deepspeed_config,
+        gradient_checkpointing=t.optimizer.gradient_checkpointing,
+        deepspeed=t.model.deepspeed,
         **_fsdp_kwargs(config),
         disable_tqdm=True,
         log_completions=False,
         # "auto" may still skip it batch by batch (importance_sampling_plan); "off" never computes it.
-        vllm_importance_sampling_correction=t.importance_sampling != "off",
+        vllm_importance_sampling_correction=t.loss.importance_sampling != "off",
         **overrides,
     )

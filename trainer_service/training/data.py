@@ -32,7 +32,8 @@ from typing import Any
 
 import datasets
 
-from trainer_service.config.run_config import DataConfig, GeneratedData, RewardTerm, generated_task
+from trainer_service.config.reward_terms import RewardTerm
+from trainer_service.config.run_config import DataConfig, GeneratedData, generated_task
 
 Row = dict[str, Any]
 

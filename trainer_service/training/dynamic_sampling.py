@@ -6,8 +6,8 @@ token-mean normalisers). DAPO (Yu et al. 2025, arXiv:2503.14476, §3.2) over-sam
 with spread; verl calls it ``algorithm.filter_groups`` (``metric: acc``, ``max_num_gen_batches``), TRL has no
 equivalent (huggingface/trl#3708).
 
-Here (``training.dynamic_sampling: {filter: zero_std, max_gen_batches: N}``), for one generation batch of
-``B`` groups:
+Here (``training.sampling.dynamic_sampling: {filter: zero_std, max_gen_batches: N}``), for one generation
+batch of ``B`` groups:
 
 1. TRL generates and scores the batch as usual (:meth:`DynamicSamplingMixin._generate_and_score_completions`
    wraps TRL's own, so rollout, rewards and advantages are TRL's);
@@ -52,7 +52,8 @@ _ID_KEYS = frozenset({"prompt_ids", "completion_ids"})
 
 @dataclass(frozen=True)
 class DynamicSamplingSettings:
-    """``training.dynamic_sampling`` as the trainer uses it: ``max_gen_batches`` rounds at most per step."""
+    """``training.sampling.dynamic_sampling`` as the trainer uses it: ``max_gen_batches`` rounds at most per
+    step."""
 
     max_gen_batches: int
 
@@ -164,7 +165,7 @@ class DynamicSamplingMixin:
     def __init__(self, *args: Any, dynamic_sampling: DynamicSamplingSettings | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         if dynamic_sampling is not None and self.accelerator.num_processes > 1:
-            raise ValueError("training.dynamic_sampling supports single-process runs only")
+            raise ValueError("training.sampling.dynamic_sampling supports single-process runs only")
         self.dynamic_sampling = dynamic_sampling
         # (B,) zero-spread flags of the groups of the latest batch (all processes), set per generation.
         self.zero_spread: torch.Tensor | None = None

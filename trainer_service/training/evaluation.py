@@ -1,10 +1,10 @@
 """Held-out evaluation during training: the ``data.eval`` split through the rollout and reward services.
 
-At step 0, every ``training.eval_steps`` optimizer steps and after the last step, :class:`HeldOutEvaluator`
-generates, for every eval prompt, one greedy completion (temperature 0) and ``num_generations_eval`` sampled
-ones (the run's sampling parameters) on the rollout replicas serving the trainer's current weights, scores
-them with every reward term in one reward-service call per chunk, and appends one row to
-``eval_metrics.jsonl``: ``{"step", "accuracy_greedy", "avg@n", "pass@k", ... per term}``
+At step 0, every ``training.evaluation.eval_steps`` optimizer steps and after the last step,
+:class:`HeldOutEvaluator` generates, for every eval prompt, one greedy completion (temperature 0) and
+``num_generations_eval`` sampled ones (the run's sampling parameters) on the rollout replicas serving the
+trainer's current weights, scores them with every reward term in one reward-service call per chunk, and
+appends one row to ``eval_metrics.jsonl``: ``{"step", "accuracy_greedy", "avg@n", "pass@k", ... per term}``
 (:mod:`trainer_service.training.eval_metrics`).
 
 Generation goes through :class:`~trainer_service.rollout.service_rollout.ServiceRollout` (the weight-sync

@@ -19,7 +19,7 @@ after every optimizer step (generation waits for the push) with an fp32 HF rollo
 in the same precision, adapter merged: log-probs agree to ~1e-6) and an fp32 trainer, the rollout is exactly
 on-policy: ρ = 1 ± 1e-5, and multiplying by it changes the loss by less than that (where π_θold needs its
 own forward, about a fifth of a CPU step, skipping also saves that forward). `resolve_importance_sampling`
-(the run config's `training.importance_sampling`) decides, and the trainer takes the result as
+(the run config's `training.loss.importance_sampling`) decides, and the trainer takes the result as
 `importance_sampling=ImportanceSamplingPlan(...)`:
 
     setting  conditions                                                    plan
@@ -87,24 +87,26 @@ def resolve_importance_sampling(
     rollout_engine: str | None,
     trainer_fp32: bool,
 ) -> ImportanceSamplingPlan:
-    """The plan for ``training.importance_sampling`` (table in the module docstring).
+    """The plan for ``training.loss.importance_sampling`` (table in the module docstring).
 
     ``rollout_engine``: what the rollout service reports ("hf", "vllm"; None = could not ask).
     ``trainer_fp32``: the trainer's forward runs in fp32 (no bf16/fp16 autocast, no quantized base).
-    Raises ConfigError(key="training.importance_sampling") for "off" with async rollout.
+    Raises ConfigError(key="training.loss.importance_sampling") for "off" with async rollout.
     """
     if setting == "on":
-        return ImportanceSamplingPlan("on", "training.importance_sampling is 'on'")
+        return ImportanceSamplingPlan("on", "training.loss.importance_sampling is 'on'")
     if setting == "off":
         if async_rollout:
             raise ConfigError(
                 "cannot be 'off' with async rollout: completions come from older weights, and only the "
                 "correction makes training on them unbiased",
-                key="training.importance_sampling",
+                key="training.loss.importance_sampling",
             )
-        return ImportanceSamplingPlan("off", "training.importance_sampling is 'off'")
+        return ImportanceSamplingPlan("off", "training.loss.importance_sampling is 'off'")
     if setting != "auto":
-        raise ConfigError(f"must be auto, on or off, got {setting!r}", key="training.importance_sampling")
+        raise ConfigError(
+            f"must be auto, on or off, got {setting!r}", key="training.loss.importance_sampling"
+        )
     if async_rollout:
         return ImportanceSamplingPlan("on", "async rollout trains on completions from older weights")
     if not weight_sync:

@@ -17,8 +17,8 @@ What the job derives from the config (device and precision, reward terms, admin 
 :class:`~trainer_service.training.job_settings.JobSettings`, and passed down.
 
 Multi-GPU: run ``accelerate launch --config_file ACC.yaml -m trainer_service train CONFIG.yaml`` with
-``training.deepspeed_config`` or ``training.fsdp_config`` set and ``services.*`` pointing at running services;
-see docs/trainer.md.
+``training.model.deepspeed`` or ``training.model.fsdp_config`` set and ``services.*`` pointing at running
+services; see docs/trainer.md.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from grpo_runtime.call_errors import ServiceCallError
 from grpo_runtime.client import ChannelConfig
 from reward_service.client import RewardClient
 from rollout_service.client import RolloutClient
-from trainer_service.config.run_config import ConfigError, RewardTerm, RunConfig, local_reward_settings
+from trainer_service.config.reward_terms import RewardTerm
+from trainer_service.config.run_config import ConfigError, RunConfig, local_reward_settings
 from trainer_service.core.types import EventSink, JobEvent, RunState, discard
 from trainer_service.local.launcher import LocalServices, start_local_services
 from trainer_service.rollout.cpu_placement import local_rollout_threads, trainer_cpu_threads
@@ -92,14 +93,14 @@ def rollout_engine(channel: ChannelConfig) -> str | None:
 def importance_sampling_plan(
     config: RunConfig, device: Device, rollout: ChannelConfig
 ) -> ImportanceSamplingPlan:
-    """``training.importance_sampling`` resolved for this run (:mod:`~.importance_sampling`)."""
+    """``training.loss.importance_sampling`` resolved for this run (:mod:`~.importance_sampling`)."""
     t = config.training
     return resolve_importance_sampling(
-        t.importance_sampling,
-        async_rollout=t.async_rollout,
-        weight_sync=t.weight_sync,
-        rollout_engine=rollout_engine(rollout) if t.importance_sampling == "auto" else None,
-        trainer_fp32=device.fp32 and t.quantization == "none",
+        t.loss.importance_sampling,
+        async_rollout=t.rollout.async_rollout,
+        weight_sync=t.rollout.weight_sync,
+        rollout_engine=rollout_engine(rollout) if t.loss.importance_sampling == "auto" else None,
+        trainer_fp32=device.fp32 and t.model.quantization == "none",
     )
 
 
@@ -122,12 +123,12 @@ def resolve_services(
     closes).
     """
     s = config.services
-    if config.training.tools and (s.environment or s.reward) is not None:
+    if config.training.tools.functions and (s.environment or s.reward) is not None:
         # A service this run did not start must already offer the functions (it loads no caller's code).
         target = ChannelConfig(
             target=s.environment or s.reward, admin_token=settings.admin_token, tls_ca_file=s.tls_ca_file
         )
-        check_served_tools(config.training.tools, target, s.request_timeout_s)
+        check_served_tools(config.training.tools.functions, target, s.request_timeout_s)
     if s.reward is not None and s.rollout is not None:
         return channel_configs(config, settings, s.reward, s.rollout)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -146,7 +147,9 @@ def resolve_services(
         env={"GRPO_ADMIN_TOKEN": token} if token else None,
         startup_timeout_s=s.startup_timeout_s,
         rollout_threads=local_rollout_threads(config, settings.device.type),
-        environment=(s.environment or s.reward or "reward") if config.training.episode_environments else None,
+        environment=(s.environment or s.reward or "reward")
+        if config.training.tools.episode_environments
+        else None,
         reward_settings=local_reward_settings(config),
     )
     stack.callback(local.close)
@@ -161,7 +164,7 @@ def reward_requirements(client: RewardClient, terms: Sequence[RewardTerm]) -> di
     offered = {info.name: info for info in client.list_rewards()}
     requirements = dict(REWARD_METADATA)
     for term in terms:
-        key = "training.prm_reward" if term.name.startswith("prm:") else "training.reward_fn"
+        key = "training.rewards.prm" if term.name.startswith("prm:") else "training.rewards.reward_fn"
         info = offered.get(term.name)
         if info is None:
             if term.name.startswith(("prm:", "orm:", "judge:")):
@@ -201,15 +204,15 @@ def run_job(
     """Train one run to completion (or until ``stop_flag`` is set); emits events to ``sink``."""
     # rollout_func is marked experimental in TRL; the warning says nothing actionable here.
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    if config.training.async_rollout and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if config.training.rollout.async_rollout and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # The lookahead reads this process's sampler; other ranks would prefetch different prompts.
-        raise ConfigError("supports single-process runs only", key="training.async_rollout")
-    if config.training.curriculum is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("supports single-process runs only", key="training.rollout.async_rollout")
+    if config.training.sampling.curriculum is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # Each rank counts only its own slice's rewards: the ranks' weights, and their samplers, would differ.
-        raise ConfigError("supports single-process runs only", key="training.curriculum")
-    if config.training.dynamic_sampling is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("supports single-process runs only", key="training.sampling.curriculum")
+    if config.training.sampling.dynamic_sampling is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # Each rank would draw its own number of replacement rounds, and TRL's gathers would deadlock.
-        raise ConfigError("supports single-process runs only", key="training.dynamic_sampling")
+        raise ConfigError("supports single-process runs only", key="training.sampling.dynamic_sampling")
     # Read the data first: a missing file or a malformed row fails before any service is started.
     rows = {split: read_split(config.data, split=split) for split in ("train", "eval")}
     settings = JobSettings.of(config)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grpo_runtime.client import ChannelConfig
-from trainer_service.config.run_config import RewardTerm, RunConfig
+from trainer_service.config.reward_terms import RewardTerm
+from trainer_service.config.run_config import RunConfig
 from trainer_service.training.builders import Device, resolve_device
 
 
@@ -14,8 +15,8 @@ class JobSettings:
     """What a job derives from its run config, computed once at its start.
 
     ``device``: where the trainer computes and in which precision; ``reward_terms``: the rewards it scores
-    with (``prm_reward`` replaces ``reward_fn``); ``admin_token``: the services' admin token (read from
-    ``services.admin_token_file`` once).
+    with (``rewards.prm`` replaces ``rewards.reward_fn``); ``admin_token``: the services' admin token (read
+    from ``services.admin_token_file`` once).
     """
 
     device: Device
@@ -26,7 +27,7 @@ class JobSettings:
     def of(cls, config: RunConfig) -> JobSettings:
         return cls(
             device=resolve_device(config),
-            reward_terms=tuple(config.training.reward_terms),
+            reward_terms=tuple(config.training.rewards.reward_terms),
             admin_token=config.services.resolved_admin_token(),
         )
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from reward_service.client import ComponentResult, RewardClient, RewardRequest, trl_samples
-from trainer_service.config.run_config import RewardTerm
+from trainer_service.config.reward_terms import RewardTerm
 
 
 def term_params(term: RewardTerm, max_completion_length: int | None) -> dict[str, Any]:

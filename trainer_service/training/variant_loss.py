@@ -101,9 +101,8 @@ def check_args_match_variant(variant: str, args: GRPOConfig) -> None:
             params=params,
         )
     except ConfigError as error:
-        field = {"grpo_delta": "delta", "grpo_epsilon": "epsilon", "grpo_epsilon_high": "epsilon_high"}.get(
-            error.key, error.key
-        )
+        # The catalog names the loss block's keys, which are GRPOConfig's (a variant parameter is a field).
+        field = (error.key or "").removeprefix("params.")
         raise ConfigError(str(error).split(": ", 1)[1], key=f"GRPOConfig.{field}") from error
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.run_configs import merged
 from trainer_service.core.types import JobEvent
 from trainer_service.local.launcher import ServiceProcess
 from trainer_service.settings import TrainerServiceSettings
@@ -50,7 +51,7 @@ def run_config(
     **training,
 ) -> dict:
     """The run config of a short LoRA GRPO run on the tiny policy (4 completions per step, G = 2) against the
-    given reward and rollout addresses; ``training`` keys override the defaults."""
+    given reward and rollout addresses; ``training`` blocks override the defaults key by key."""
     services: dict = {"reward": reward, "rollout": rollout}
     if retry_timeout_s is not None:
         services["retry_timeout_s"] = retry_timeout_s
@@ -58,16 +59,16 @@ def run_config(
         "base": str(tiny_models["policy"]),
         "output": str(output),
         "data": {"train": str(train_file)},
-        "training": {
-            "batch_size": 4,
-            "num_generations": 2,
-            "max_completion_length": 8,
-            "lr": 1e-3,
-            "reward_fn": "accuracy:1.0,repetition_penalty:0.5",
-            "lora": {"r": 4, "alpha": 8},
-            "seed": 7,
-            **training,
-        },
+        "training": merged(
+            {
+                "seed": 7,
+                "optimizer": {"per_device_train_batch_size": 4, "learning_rate": 1e-3},
+                "generation": {"num_generations": 2, "max_completion_length": 8},
+                "rewards": {"reward_fn": "accuracy:1.0,repetition_penalty:0.5"},
+                "model": {"lora": {"r": 4, "alpha": 8}},
+            },
+            training,
+        ),
         "services": services,
     }
 

@@ -48,9 +48,11 @@ def test_async_rollout_never_trains_beyond_the_staleness_bound(
         services.rollout.target,
         retry_timeout_s=120,
         max_steps=steps,
-        async_rollout=True,
-        max_staleness=max_staleness,
-        partial_rollouts=False,  # the batch-level rule (test_partial_rollouts.py: the per-token one)
+        rollout={
+            "async_rollout": True,
+            "max_staleness": max_staleness,
+            "partial_rollouts": False,  # the batch-level rule (test_partial_rollouts.py: the per-token one)
+        },
     )
     result = run_job(parse_config(config))
 
@@ -98,7 +100,7 @@ def test_async_rollout_survives_a_rollout_crash_mid_run(tiny_models, services, t
         crash.service.target,
         retry_timeout_s=120,
         max_steps=steps,
-        async_rollout=True,
+        rollout={"async_rollout": True},
     )
     try:
         result = run_job(parse_config(config), sink=crash)

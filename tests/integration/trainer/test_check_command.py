@@ -12,6 +12,7 @@ import yaml
 
 from grpo_runtime.server import GrpcServer
 from tests.integration.reward.fixtures import SETTINGS, reward_server_thread
+from tests.support.run_configs import merged
 from trainer_service.__main__ import main
 
 
@@ -28,8 +29,8 @@ def write_run(tmp_path: Path, rows: list[dict], services: dict | None = None, **
     config = {
         "base": "tests/assets/models/policy",
         "output": str(tmp_path / "runs"),
-        "data": {"train": str(data), "max_length": 64},
-        "training": {"max_completion_length": 16, **training},
+        "data": {"train": str(data), "max_prompt_length": 48},
+        "training": merged({"generation": {"max_completion_length": 16}}, training),
         "services": services or {},
     }
     path = tmp_path / "run.yaml"
@@ -41,7 +42,13 @@ ROWS = [{"prompt": "What is 2 + 2?", "answer": "4"}, {"prompt": "What is 3 + 3?"
 
 
 def test_valid_config_prints_resolved_settings(tmp_path, capsys):
-    path = write_run(tmp_path, ROWS, grpo_variant="gspo", batch_size="auto", dynamic_sampling={})
+    path = write_run(
+        tmp_path,
+        ROWS,
+        loss={"variant": "gspo"},
+        optimizer={"per_device_train_batch_size": "auto"},
+        sampling={"dynamic_sampling": {}},
+    )
     assert main(["check", str(path)]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     resolved = printed["resolved"]
@@ -51,16 +58,27 @@ def test_valid_config_prints_resolved_settings(tmp_path, capsys):
     assert resolved["grpo_config"]["importance_sampling_level"] == "sequence"
     assert resolved["rows"] == {"train": 2}
     assert "built-in" in resolved["reward_metadata_checked_against"]
-    assert printed["config"]["training"]["dynamic_sampling"] == {"filter": "zero_std", "max_gen_batches": 4}
+    assert printed["config"]["training"]["sampling"]["dynamic_sampling"] == {
+        "filter": "zero_std",
+        "max_gen_batches": 4,
+    }
 
 
 @pytest.mark.parametrize(
     ("rows", "training", "fragment"),
     [
-        (ROWS, {"dynamic_sampling": {"max_gen_batches": 1}}, "training.dynamic_sampling.max_gen_batches"),
-        (ROWS, {"grpo_variant": "cispo"}, "training.grpo_epsilon_high"),
+        (
+            ROWS,
+            {"sampling": {"dynamic_sampling": {"max_gen_batches": 1}}},
+            "training.sampling.dynamic_sampling.max_gen_batches",
+        ),
+        (ROWS, {"loss": {"variant": "cispo"}}, "training.loss.epsilon_high"),
         ([{"prompt": "no answer here"}], {}, "train row 0 is missing or empty 'answer'"),
-        (ROWS, {"batch_size": 6}, "training.batch_size"),
+        (
+            ROWS,
+            {"optimizer": {"per_device_train_batch_size": 6}},
+            "training.optimizer.per_device_train_batch_size",
+        ),
     ],
 )
 def test_errors_exit_non_zero_naming_the_key(tmp_path, capsys, rows, training, fragment):
@@ -77,11 +95,13 @@ def test_reward_service_metadata_is_checked_when_it_answers(tmp_path, capsys, re
         in yaml.safe_load(capsys.readouterr().out)["resolved"]["reward_metadata_checked_against"]
     )
     # Only the service knows this reward does not exist; without one, check cannot tell.
-    unknown = write_run(tmp_path / "unknown", ROWS, services=services, reward_fn="no_such_reward")
+    unknown = write_run(
+        tmp_path / "unknown", ROWS, services=services, rewards={"reward_fn": "no_such_reward"}
+    )
     assert main(["check", str(unknown)]) == 2
-    assert "training.reward_fn: reward 'no_such_reward' is not offered" in capsys.readouterr().err
+    assert "training.rewards.reward_fn: reward 'no_such_reward' is not offered" in capsys.readouterr().err
     code_rows = [{"prompt": "write f", "answer": "x"}]
-    code = write_run(tmp_path / "code", code_rows, services=services, reward_fn="code")
+    code = write_run(tmp_path / "code", code_rows, services=services, rewards={"reward_fn": "code"})
     assert main(["check", str(code)]) == 2
     assert "'tests' or 'expected', required by reward 'code'" in capsys.readouterr().err
 
@@ -93,3 +113,17 @@ def test_unreachable_reward_service_falls_back_to_the_built_in_requirements(tmp_
         "did not answer"
         in yaml.safe_load(capsys.readouterr().out)["resolved"]["reward_metadata_checked_against"]
     )
+
+
+def test_every_config_error_is_printed_on_a_line_of_its_own(tmp_path, capsys):
+    path = tmp_path / "old.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {"base": "m", "data": {"train": "t.jsonl"}, "training": {"lr": 1e-3, "num_generation": 4}}
+        )
+    )
+    assert main(["check", str(path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "check: training.lr: moved to training.optimizer.learning_rate",
+        "check: training.num_generation: unknown key; did you mean training.generation.num_generations?",
+    ]

@@ -27,10 +27,14 @@ def trainer(tmp_path_factory):
 
 def test_failures_are_typed_errors_naming_the_field(trainer):
     assert trainer.list_runs() == []
-    bad = yaml.safe_dump({"base": "m", "data": {"train": "t"}, "training": {"lr": -1}})
+    bad = yaml.safe_dump(
+        {"base": "m", "data": {"train": "t"}, "training": {"optimizer": {"learning_rate": -1}}}
+    )
     with pytest.raises(InvalidArgumentError) as invalid:
         trainer.start_run(bad)
-    assert invalid.value.field == "config_yaml" and "training.lr" in invalid.value.message
+    assert (
+        invalid.value.field == "config_yaml" and "training.optimizer.learning_rate" in invalid.value.message
+    )
     assert str(invalid.value).startswith("trainer service: INVALID_ARGUMENT: config_yaml: ")
     for call in (trainer.get_run, trainer.stop_run, lambda run_id: list(trainer.watch_run(run_id))):
         with pytest.raises(NotFoundError) as missing:

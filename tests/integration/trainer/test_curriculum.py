@@ -29,7 +29,7 @@ def test_pass_counts_are_checkpointed_and_kept_on_resume(tiny_models, services, 
         services.rollout.target,
         max_steps=2,
         save_steps=1,
-        curriculum={"hard_weight": 0.5},
+        sampling={"curriculum": {"hard_weight": 0.5}},
     )
     result = run_job(parse_config(config))
     assert result.state is RunState.COMPLETED

@@ -43,17 +43,13 @@ def test_zero_spread_groups_are_replaced_in_a_real_run(demo_services, tmp_path, 
             "data": {"train": str(DEMO_DATA)},
             "training": {
                 "max_steps": 3,
-                "batch_size": 8,  # 4 groups of G = 2
-                "num_generations": 2,
-                "max_completion_length": 8,
-                "lr": 1e-3,
-                "reward_fn": "accuracy",
-                "reward_params": {"accuracy": {"mode": "numeric"}},
-                "lora": {"r": 4, "alpha": 8},
                 "seed": 3,
-                "generation_seed": 11,
-                "async_rollout": async_rollout,
-                "dynamic_sampling": {"max_gen_batches": 6},
+                "optimizer": {"per_device_train_batch_size": 8, "learning_rate": 1e-3},  # 4 groups of G = 2
+                "generation": {"num_generations": 2, "max_completion_length": 8, "generation_seed": 11},
+                "rewards": {"reward_fn": "accuracy", "params": {"accuracy": {"mode": "numeric"}}},
+                "model": {"lora": {"r": 4, "alpha": 8}},
+                "rollout": {"async_rollout": async_rollout},
+                "sampling": {"dynamic_sampling": {"max_gen_batches": 6}},
             },
             "services": {"reward": demo_services.reward.target, "rollout": demo_services.rollout.target},
         }

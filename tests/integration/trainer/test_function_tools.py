@@ -1,8 +1,8 @@
-"""A run with ``training.tools`` (TRL's ``tools=``, plain functions): trainer → rollout service → the reward
-service's functions environment. A random tiny policy never writes a tool call, so the rollout service's
-engine is scripted (tests.support.episodes' ScriptedEngine) to call ``multiply`` once and then answer with its
-result; everything else is the real path. A reward service that does not list the functions is refused
-before training, with the key named."""
+"""A run with ``training.tools.functions`` (TRL's ``tools=``, plain functions): trainer → rollout service →
+the reward service's functions environment. A random tiny policy never writes a tool call, so the rollout
+service's engine is scripted (tests.support.episodes' ScriptedEngine) to call ``multiply`` once and then
+answer with its result; everything else is the real path. A reward service that does not list the functions is
+refused before training, with the key named."""
 
 from __future__ import annotations
 
@@ -54,9 +54,8 @@ def test_a_run_trains_with_function_tools(tiny_models, train_file, tmp_path):
                 reward.address,
                 server.address,
                 max_steps=2,
-                max_completion_length=64,
-                tools=TOOLS,
-                max_tool_calling_iterations=2,
+                tools={"functions": TOOLS, "max_tool_calling_iterations": 2},
+                generation={"max_completion_length": 64},
             )
             result = run_job(parse_config(raw))
     assert result.state is RunState.COMPLETED, result.message
@@ -76,7 +75,12 @@ def test_a_reward_service_without_the_functions_is_refused(tiny_models, train_fi
     listed_other = {**SETTINGS, "environments": {"functions": {"tools": TOOLS[:1]}}}
     with reward_server_thread(listed_other) as reward:
         raw = run_config(
-            tiny_models, train_file, tmp_path / "run", reward.address, "127.0.0.1:1", tools=TOOLS
+            tiny_models,
+            train_file,
+            tmp_path / "run",
+            reward.address,
+            "127.0.0.1:1",
+            tools={"functions": TOOLS},
         )
         with pytest.raises(ConfigError) as info:
             run_job(parse_config(raw))

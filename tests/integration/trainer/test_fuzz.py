@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from grpo_runtime.client import create_sync_channel
 from tests.integration.trainer.fixtures import confined_settings
 from tests.support.server_thread import server_thread
-from trainer_service.config.run_config import TrainingConfig
+from trainer_service.config.training import TrainingConfig
 from trainer_service.local.launcher import free_port
 from trainer_service.server import build
 

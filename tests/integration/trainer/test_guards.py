@@ -41,12 +41,11 @@ def test_eval_gate_rollback_restores_the_last_good_checkpoint(tiny_models, servi
         services.rollout.target,
         max_steps=2,
         save_steps=1,
-        eval_steps=2,
-        num_generations_eval=2,
         guards={
             "eval_gate": {"action": "rollback", "baseline_file": str(baseline)},
             "rollback": {"max_attempts": 1, "lr_factor": 0.5},
         },
+        evaluation={"eval_steps": 2, "num_generations_eval": 2},
     )
     config["data"]["eval"] = str(eval_file)
     result = run_job(parse_config(config))
@@ -96,10 +95,10 @@ def test_reward_without_spread_trips_reward_hacking_and_halts_without_a_good_che
         services.rollout.target,
         max_steps=3,
         save_steps=1,
-        reward_fn="accuracy",
         guards={
             "reward_hacking": {"action": "rollback", "max_length_growth": None, "max_frac_zero_std": 0.5}
         },
+        rewards={"reward_fn": "accuracy"},
     )
     result = run_job(parse_config(config))
     assert result.state is RunState.STOPPED and result.step == 1

@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.integration.trainer.fixtures import DEMO_DATA, DEMO_MODEL
+from tests.support.run_configs import merged
 from trainer_service.config.run_config import parse_config
 from trainer_service.core.types import RunState
 from trainer_service.local.launcher import LocalServices
@@ -52,36 +53,42 @@ def demo_config(services: LocalServices, output: Path, **training) -> dict:
         "base": str(DEMO_MODEL),
         "output": str(output),
         "data": {"train": str(DEMO_DATA / "train.jsonl")},
-        "training": {
-            "max_steps": 2,
-            "lr": 1e-3,
-            "lr_scheduler_type": "constant",
-            "batch_size": 16,
-            "num_generations": 4,
-            "max_completion_length": 8,
-            "temperature": 1.0,
-            "grpo_beta": 0.0,
-            "reward_fn": "accuracy",
-            "reward_params": {"accuracy": {"mode": "numeric"}},
-            "lora": {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"},
-            "logging_steps": 1,
-            "seed": 0,
-            "generation_seed": 0,  # the same samples whatever ran on the service before
-            **training,
-        },
+        "training": merged(
+            {
+                "max_steps": 2,
+                "logging_steps": 1,
+                "seed": 0,
+                "optimizer": {
+                    "learning_rate": 1e-3,
+                    "lr_scheduler_type": "constant",
+                    "per_device_train_batch_size": 16,
+                },
+                "generation": {
+                    "num_generations": 4,
+                    "max_completion_length": 8,
+                    "temperature": 1.0,
+                    "generation_seed": 0,  # the same samples whatever ran on the service before
+                },
+                "loss": {"beta": 0.0},
+                "rewards": {"reward_fn": "accuracy", "params": {"accuracy": {"mode": "numeric"}}},
+                "model": {"lora": {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"}},
+            },
+            training,
+        ),
         "services": {"reward": services.reward.target, "rollout": services.rollout.target},
     }
 
 
 def lengthening(**training) -> dict:
     """Overrides under which a length-paying reward lengthens the completions."""
-    return {
-        "temperature": 1.8,
-        "lr": 3e-2,
-        "reward_fn": "cosine",
-        "reward_params": {"cosine": PAYS_FOR_LENGTH},
-        **training,
-    }
+    return merged(
+        {
+            "generation": {"temperature": 1.8},
+            "optimizer": {"learning_rate": 3e-2},
+            "rewards": {"reward_fn": "cosine", "params": {"cosine": PAYS_FOR_LENGTH}},
+        },
+        training,
+    )
 
 
 def test_length_paying_reward_trips_the_length_trend_and_rollback_restores(demo_services, tmp_path):
@@ -94,12 +101,14 @@ def test_length_paying_reward_trips_the_length_trend_and_rollback_restores(demo_
         save_steps=1,
         **lengthening(
             max_steps=3,
-            lr=6e-2,
-            lr_scheduler_type="constant_with_warmup",
-            warmup_ratio=0.5,
             guards={
                 "reward_hacking": {"action": "rollback", **LENGTH_TREND},
                 "rollback": {"max_attempts": 1, "lr_factor": 0.5},
+            },
+            optimizer={
+                "learning_rate": 6e-2,
+                "lr_scheduler_type": "constant_with_warmup",
+                "warmup_ratio": 0.5,
             },
         ),
     )
@@ -130,8 +139,8 @@ def test_one_reward_term_bought_with_another_trips_the_divergence(demo_services,
         tmp_path / "diverge",
         max_steps=3,
         **lengthening(
-            reward_fn="cosine:1.0,soft_overlong:0.1",
             guards={"reward_hacking": {"action": "halt", **DIVERGENCE}},
+            rewards={"reward_fn": "cosine:1.0,soft_overlong:0.1"},
         ),
     )
     result = run_job(parse_config(config))
@@ -151,9 +160,9 @@ def test_kl_blow_up_trips_the_loss_watchdog(demo_services, tmp_path):
         demo_services,
         tmp_path / "loss",
         max_steps=3,
-        lr=1.0,
-        grpo_beta=0.1,
         guards={"loss_watchdog": {"action": "halt", **LOSS}},
+        optimizer={"learning_rate": 1.0},
+        loss={"beta": 0.1},
     )
     result = run_job(parse_config(config))
     assert result.state is RunState.STOPPED and result.step == 2

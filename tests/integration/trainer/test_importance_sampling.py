@@ -1,4 +1,4 @@
-"""`training.importance_sampling: auto` against REAL reward and rollout (HF engine, fp32, CPU) services,
+"""`training.loss.importance_sampling: auto` against REAL reward and rollout (HF engine, fp32, CPU) services,
 and the CPU thread split of async runs.
 
 Sync mode with a push every step is exactly on-policy: the first batch is corrected and measured (ratio 1
@@ -38,7 +38,7 @@ def test_auto_plan_asks_the_rollout_service_for_its_engine(tiny_models, services
             tmp_path,
             services.reward.target,
             services.rollout.target,
-            async_rollout=True,
+            rollout={"async_rollout": True},
         )
     )
     assert importance_sampling_plan(asynchronous, Device.named("cpu"), channel).mode == "on"
@@ -79,7 +79,7 @@ def test_async_auto_corrects_every_batch(tiny_models, services, train_file, tmp_
             services.reward.target,
             services.rollout.target,
             max_steps=3,
-            async_rollout=True,
+            rollout={"async_rollout": True},
         )
     )
     threads = torch.get_num_threads()

@@ -1,8 +1,8 @@
 """Learning comes from the loop: the embedded task trained twice with the same seed through REAL services.
 
-Run A has ``training.weight_sync: false`` (the rollout service keeps sampling from the base model), run B is
-normal. Only B's reward rises: mean reward of the last fifth of steps minus the first fifth. A broken weight
-sync therefore fails this test instead of training quietly on samples of the base policy.
+Run A has ``training.rollout.weight_sync: false`` (the rollout service keeps sampling from the base model),
+run B is normal. Only B's reward rises: mean reward of the last fifth of steps minus the first fifth. A broken
+weight sync therefore fails this test instead of training quietly on samples of the base policy.
 
 The no-sync run goes first because the normal run pushes its adapter into the shared rollout service.
 Size: 16 prompts x 8 completions per step (4 prompts per step is too noisy on this model), ``STEPS`` steps.
@@ -47,21 +47,24 @@ def demo_config(services: LocalServices, output: Path, *, weight_sync: bool) -> 
         "data": {"train": str(DATA)},
         "training": {
             "max_steps": STEPS,
-            "lr": 1e-3,
-            "lr_scheduler_type": "constant",
-            "batch_size": 128,
-            "num_generations": 8,
-            "max_completion_length": 8,
-            "temperature": 1.0,
-            "grpo_beta": 0.0,
-            "reward_fn": "accuracy",
-            "reward_params": {"accuracy": {"mode": "numeric"}},
-            "lora": {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"},
             "logging_steps": 1,
             "seed": 0,
-            # Seeded sampling (per step and request) so both runs draw reproducibly.
-            "generation_seed": 0,
-            "weight_sync": weight_sync,
+            "optimizer": {
+                "learning_rate": 1e-3,
+                "lr_scheduler_type": "constant",
+                "per_device_train_batch_size": 128,
+            },
+            "generation": {
+                "num_generations": 8,
+                "max_completion_length": 8,
+                "temperature": 1.0,
+                # Seeded sampling (per step and request) so both runs draw reproducibly.
+                "generation_seed": 0,
+            },
+            "loss": {"beta": 0.0},
+            "rewards": {"reward_fn": "accuracy", "params": {"accuracy": {"mode": "numeric"}}},
+            "model": {"lora": {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"}},
+            "rollout": {"weight_sync": weight_sync},
         },
         "services": {"reward": services.reward.target, "rollout": services.rollout.target},
     }

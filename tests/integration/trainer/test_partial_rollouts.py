@@ -27,8 +27,11 @@ def test_partial_rollouts_discard_nothing_and_train_no_token_beyond_the_bound(
         services.rollout.target,
         retry_timeout_s=120,
         max_steps=steps,
-        async_rollout=True,
-        max_staleness=0,  # every token sampled before the push the batch trains against is out of the loss
+        rollout={
+            "async_rollout": True,
+            # Every token sampled before the push the batch trains against is out of the loss.
+            "max_staleness": 0,
+        },
     )
     result = run_job(parse_config(config))
 

@@ -159,8 +159,7 @@ def test_async_rollout_keeps_its_staleness_bound_over_replicas(tiny_models, flee
         *addresses(fleet),
         retry_timeout_s=120,
         max_steps=4,
-        async_rollout=True,
-        max_staleness=1,
+        rollout={"async_rollout": True, "max_staleness": 1},
     )
     result = run_job(parse_config(config))
 

@@ -10,7 +10,7 @@ from reward_service.client import RewardClient
 from reward_service.server import build
 from reward_service.settings import load_settings
 from tests.support.server_thread import server_thread
-from trainer_service.config.run_config import RewardTerm
+from trainer_service.config.reward_terms import RewardTerm
 from trainer_service.training.job import reward_requirements
 from trainer_service.training.rewards import BatchScorer
 
@@ -91,4 +91,4 @@ def test_model_rewards_may_be_loaded_after_the_run_starts_but_unknown_rules_are_
         assert not {"prm:math", "orm:helpful", "judge:strict"} & requirements.keys()
         with pytest.raises(ConfigError, match="'judges:strict' is not offered") as refused:
             reward_requirements(client, [RewardTerm(name="judges:strict")])
-        assert refused.value.key == "training.reward_fn"
+        assert refused.value.key == "training.rewards.reward_fn"

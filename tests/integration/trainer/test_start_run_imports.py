@@ -1,8 +1,8 @@
 """StartRun never makes anything import a module its caller names, through a real TrainerService on loopback:
-a ``training.tools`` entry the operator did not allow-list is INVALID_ARGUMENT naming the entry before any
-worker starts, and the module (whose top-level code writes a marker file) is never imported; an allow-listed
-one is accepted. A ``base`` outside the model roots, a reporting integration, an inline DeepSpeed config and a
-unix socket outside the socket roots are refused the same way."""
+a ``training.tools.functions`` entry the operator did not allow-list is INVALID_ARGUMENT naming the entry
+before any worker starts, and the module (whose top-level code writes a marker file) is never imported; an
+allow-listed one is accepted. A ``base`` outside the model roots, a reporting integration, an inline DeepSpeed
+config and a unix socket outside the socket roots are refused the same way."""
 
 from __future__ import annotations
 
@@ -91,10 +91,10 @@ async def test_a_tool_not_allow_listed_is_refused_naming_the_entry_and_never_imp
     trainer, tmp_path, tool_module
 ):
     stub, health = trainer
-    tools = {"tools": [f"{tool_module}:double"], "max_tool_calling_iterations": 1}
+    tools = {"tools": {"functions": [f"{tool_module}:double"], "max_tool_calling_iterations": 1}}
     error = await start_error(stub, config_yaml(tmp_path, tools))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert error.details().startswith("config_yaml: training.tools[0]: "), error.details()
+    assert error.details().startswith("config_yaml: training.tools.functions[0]: "), error.details()
     assert f"{tool_module}:double" in error.details() and "allowed_tools" in error.details()
     assert not (await stub.ListRuns(trainer_pb2.ListRunsRequest())).runs  # no worker was started
     assert not imported(tmp_path, tool_module)
@@ -107,15 +107,17 @@ async def test_an_allow_listed_tool_is_accepted_and_only_listed_entries_are(tmp_
     async with serve(confined_settings(tmp_path, allowed_tools=[allowed])) as (stub, _):
         closed = {"reward": "127.0.0.1:1", "rollout": "127.0.0.1:1"}
         other = "tests.support.tool_functions:multiply"
-        error = await start_error(stub, config_yaml(tmp_path, {"tools": [allowed, other]}, services=closed))
+        error = await start_error(
+            stub, config_yaml(tmp_path, {"tools": {"functions": [allowed, other]}}, services=closed)
+        )
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert error.details().startswith("config_yaml: training.tools[1]: "), error.details()
+        assert error.details().startswith("config_yaml: training.tools.functions[1]: "), error.details()
 
         # Its services are closed ports, so its worker imports nothing (a reward service the run did not
         # start must already serve the functions) and fails, or is stopped when the service closes.
         reply = await stub.StartRun(
             trainer_pb2.StartRunRequest(
-                config_yaml=config_yaml(tmp_path, {"tools": [allowed]}, services=closed)
+                config_yaml=config_yaml(tmp_path, {"tools": {"functions": [allowed]}}, services=closed)
             )
         )
         listed = (await stub.ListRuns(trainer_pb2.ListRunsRequest())).runs
@@ -135,7 +137,7 @@ async def test_paths_and_names_a_run_config_may_not_reach_are_refused_naming_the
         ("services.rollout_model", {"services": {"rollout_model": "/usr"}}),
         ("services.rollout[0]", {"services": {"rollout": "unix:/run/docker.sock"}}),
         ("training.report_to", {"training": {"report_to": "wandb"}}),
-        ("training.deepspeed_config", {"training": {"deepspeed_config": inline_deepspeed}}),
+        ("training.model.deepspeed", {"training": {"model": {"deepspeed": inline_deepspeed}}}),
     ]
     for key, overrides in cases:
         error = await start_error(stub, config_yaml(tmp_path, **overrides))

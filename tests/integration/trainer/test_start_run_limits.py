@@ -98,7 +98,10 @@ async def test_hostile_yaml_is_invalid_argument_naming_config_yaml(trainer, text
 
 @pytest.mark.parametrize(
     ("training", "key"),
-    [({"lr": float("nan")}, "training.lr"), ({"temperature": float("inf")}, "training.temperature")],
+    [
+        ({"optimizer": {"learning_rate": float("nan")}}, "training.optimizer.learning_rate"),
+        ({"generation": {"temperature": float("inf")}}, "training.generation.temperature"),
+    ],
 )
 async def test_non_finite_numbers_are_invalid_argument(trainer, tmp_path, training, key):
     stub, _ = trainer
@@ -141,3 +144,16 @@ async def test_an_output_held_by_a_live_worker_elsewhere_is_refused(trainer, tmp
             assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert error.details().startswith("config_yaml: output: ") and str(pid) in error.details()
     assert not (await stub.ListRuns(trainer_pb2.ListRunsRequest())).runs
+
+
+async def test_every_config_error_is_listed_up_to_a_bound(trainer, tmp_path):
+    stub, _ = trainer
+    error = await start_error(stub, config_yaml(tmp_path, training={"lr": 1e-3, "num_generation": 4}))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == (
+        "config_yaml: training.lr: moved to training.optimizer.learning_rate; "
+        "training.num_generation: unknown key; did you mean training.generation.num_generations?"
+    )
+    unknown = {f"key{index}": 1 for index in range(25)}
+    error = await start_error(stub, config_yaml(tmp_path, training=unknown))
+    assert error.details().count("unknown key") == 20 and error.details().endswith("; and 5 more")

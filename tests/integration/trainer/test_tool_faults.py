@@ -66,9 +66,8 @@ def test_a_run_goes_on_when_its_environment_server_dies(tiny_models, fifty_file,
                 reward.address,
                 server.address,
                 max_steps=3,
-                max_completion_length=64,
-                environment="guess-number",
-                max_tool_calling_iterations=2,
+                generation={"max_completion_length": 64},
+                tools={"environment": "guess-number", "max_tool_calling_iterations": 2},
             )
             result = run_job(parse_config(raw), sink=sink)
     assert result.state is RunState.COMPLETED, result.message

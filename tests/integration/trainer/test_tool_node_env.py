@@ -76,9 +76,8 @@ def test_a_run_trains_against_the_node_environment(tiny_models, secrets_file, no
             reward.address,
             server.address,
             max_steps=2,
-            max_completion_length=160,
-            environment="guess-number",
-            max_tool_calling_iterations=4,
+            generation={"max_completion_length": 160},
+            tools={"environment": "guess-number", "max_tool_calling_iterations": 4},
         )
         result = run_job(parse_config(raw))
     assert result.state is RunState.COMPLETED, result.message
@@ -108,11 +107,9 @@ def test_episodes_with_two_replicas_and_sleep_mode(tiny_models, secrets_file, no
             reward.address,
             [a.address, b.address],
             max_steps=2,
-            max_completion_length=160,
-            environment="guess-number",
-            max_tool_calling_iterations=4,
-            vllm_sleep_mode=True,
-            sleep_level=1,
+            generation={"max_completion_length": 160},
+            tools={"environment": "guess-number", "max_tool_calling_iterations": 4},
+            rollout={"vllm_enable_sleep_mode": True, "sleep_level": 1},
         )
         result = run_job(parse_config(raw))
         with RolloutClient(a.address) as client_a, RolloutClient(b.address) as client_b:

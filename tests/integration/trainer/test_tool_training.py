@@ -36,13 +36,12 @@ def test_a_run_trains_on_calculator_episodes(tiny_models, train_file, tool_servi
         tool_services.reward.target,
         tool_services.rollout.target,
         max_steps=2,
-        max_completion_length=24,
-        environment="calculator",
-        max_tool_calling_iterations=2,
-        async_rollout=async_rollout,
+        generation={"max_completion_length": 24},
+        tools={"environment": "calculator", "max_tool_calling_iterations": 2},
+        rollout={"async_rollout": async_rollout},
     )
     raw["data"]["eval"] = str(train_file)
-    raw["training"].update(eval_steps=2, num_generations_eval=2)
+    raw["training"]["evaluation"] = {"eval_steps": 2, "num_generations_eval": 2}
     result = run_job(parse_config(raw))
     assert result.state is RunState.COMPLETED, result.message
     rows = read_metrics(result.output_dir / "metrics.jsonl")

@@ -48,10 +48,11 @@ def tools_config(services: LocalServices, output: Path, eval_file: Path, *, tool
     raw["output"] = str(output)
     raw["data"] = {"train": str(ROOT / raw["data"]["train"]), "eval": str(eval_file)}
     training = raw["training"]
-    training.update(max_steps=STEPS, eval_steps=STEPS, save_steps=STEPS, num_generations_eval=1)
+    training.update(max_steps=STEPS, save_steps=STEPS)
+    training["evaluation"] = {"eval_steps": STEPS, "num_generations_eval": 1}
     if not tools:
-        for key in ("environment", "max_tool_calling_iterations", "env_reward_weight"):
-            training.pop(key)
+        training.pop("tools")
+        training["rewards"].pop("environment_weight")
     return raw
 
 

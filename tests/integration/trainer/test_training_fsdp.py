@@ -102,10 +102,9 @@ def test_fsdp_on_two_cpu_processes_pushes_the_full_weights(tiny_models, reward, 
             max_steps=2,
             save_steps=2,
             # Rewards that differ within a group (character lengths), so both steps move the weights.
-            reward_fn="cosine",
-            lr=1e-2,
-            lora=lora,
-            fsdp_config=FSDP,
+            rewards={"reward_fn": "cosine"},
+            optimizer={"learning_rate": 1e-2},
+            model={"lora": lora, "fsdp_config": FSDP},
         )
         path = tmp_path / "fsdp.yaml"
         path.write_text(yaml.safe_dump(config))

@@ -83,7 +83,7 @@ def test_full_fine_tuning_pushes_the_whole_state_dict(tiny_models, services, tra
             services.reward.target,
             rollout.target,
             max_steps=2,
-            lora={"r": 0},
+            model={"lora": {"r": 0}},
         )
         result = run_job(parse_config(config))
         with RolloutClient(rollout.target) as client:
@@ -182,11 +182,13 @@ async def test_trainer_service_stop_then_resume(tiny_models, services, train_fil
 
 async def test_trainer_service_rejects_bad_requests(trainer_stub, tmp_path):
     stub = trainer_stub
-    bad = yaml.safe_dump({"base": "m", "data": {"train": "t"}, "training": {"lr": -1}})
+    bad = yaml.safe_dump(
+        {"base": "m", "data": {"train": "t"}, "training": {"optimizer": {"learning_rate": -1}}}
+    )
     with pytest.raises(grpc.aio.AioRpcError) as invalid:
         await stub.StartRun(trainer_pb2.StartRunRequest(config_yaml=bad))
     assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "training.lr" in invalid.value.details()
+    assert "training.optimizer.learning_rate" in invalid.value.details()
     for call, request in (
         (stub.GetRun, trainer_pb2.GetRunRequest(run_id="nope")),
         (stub.StopRun, trainer_pb2.StopRunRequest(run_id="nope")),
@@ -334,10 +336,10 @@ def test_sync_off_keeps_the_service_weights_and_eval_runs(tiny_models, services,
         services.reward.target,
         services.rollout.target,
         max_steps=2,
-        weight_sync=False,
+        rollout={"weight_sync": False},
     )
     config["data"]["eval"] = str(eval_file)
-    config["training"]["eval_steps"] = 2
+    config["training"]["evaluation"] = {"eval_steps": 2}
     with RolloutClient(services.rollout.target) as rollout:
         before = rollout.status().policy_version
         result = run_job(parse_config(config))

@@ -115,14 +115,16 @@ def test_grpo_on_vllm_pushes_every_step_and_logprobs_agree(
         reward.target,
         vllm_rollout.target,
         max_steps=STEPS,
-        async_rollout=asynchronous,
-        lora={"r": 4, "alpha": 8} if weights == "lora" else {"r": 0},
+        rollout={"async_rollout": asynchronous},
+        model={"lora": {"r": 4, "alpha": 8} if weights == "lora" else {"r": 0}},
         # Full fine-tuning at the usual tenth of LoRA's rate: a step then moves the policy about as much.
-        lr=1e-3 if weights == "lora" else 1e-4,
+        optimizer={"learning_rate": 1e-3 if weights == "lora" else 1e-4},
         # Character repetition differs between random completions: every group has a reward spread, so
         # every step changes the weights.
-        reward_fn="repetition_penalty",
-        reward_params={"repetition_penalty": {"ngram_size": 1, "unit": "chars"}},
+        rewards={
+            "reward_fn": "repetition_penalty",
+            "params": {"repetition_penalty": {"ngram_size": 1, "unit": "chars"}},
+        },
     )
     with RolloutClient(vllm_rollout.target, timeout_s=120) as client:
         before = client.status()

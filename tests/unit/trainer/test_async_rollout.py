@@ -104,12 +104,12 @@ def test_async_rollout_is_refused_for_multi_process_runs(tmp_path, monkeypatch):
             "base": "tests/assets/models/policy",
             "output": str(tmp_path),
             "data": {"train": "t.jsonl"},
-            "training": {"async_rollout": True},
+            "training": {"rollout": {"async_rollout": True}},
         }
     )
     with pytest.raises(ConfigError) as caught:
         run_job(config)
-    assert caught.value.key == "training.async_rollout"
+    assert caught.value.key == "training.rollout.async_rollout"
 
 
 def prefetching(rollout: AsyncServiceRollout, release: threading.Event, seen: list) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from trl import GRPOConfig
 
+from tests.support.run_configs import merged
 from trainer_service.config.auto_batch import (
     MAX_AUTO_BATCH_SIZE,
     AutoBatchError,
@@ -80,16 +81,18 @@ def run(tmp_path, **training):
         {
             "base": "tests/assets/models/policy",
             "output": str(tmp_path),
-            "data": {"train": "t.jsonl", "max_length": 64},
-            "training": {"max_completion_length": 16, "num_generations": 4, **training},
+            "data": {"train": "t.jsonl", "max_prompt_length": 48},
+            "training": merged({"generation": {"max_completion_length": 16, "num_generations": 4}}, training),
         }
     )
 
 
 def test_tiny_policy_on_cpu(tmp_path):
-    config = run(tmp_path, batch_size="auto", gradient_accumulation_steps=2)
+    config = run(
+        tmp_path, optimizer={"per_device_train_batch_size": "auto", "gradient_accumulation_steps": 2}
+    )
     resolved, choice = resolve_batch_size(config, CPU)
-    assert choice is not None and resolved.training.batch_size == choice.batch_size
+    assert choice is not None and resolved.training.optimizer.per_device_train_batch_size == choice.batch_size
     assert choice.batch_size % 2 == 0  # G / gcd(G, GA) = 2
     assert build_grpo_config(resolved, CPU).per_device_train_batch_size == choice.batch_size
     # 60 MiB of room: the memory, not the cap, decides.
@@ -97,8 +100,8 @@ def test_tiny_policy_on_cpu(tmp_path):
     assert small_choice.batch_size < choice.batch_size
     with pytest.raises(ConfigError) as caught:
         resolve_batch_size(config, CPU, available_bytes=4 * MiB)
-    assert caught.value.key == "training.batch_size"
-    fixed = run(tmp_path, batch_size=8)
+    assert caught.value.key == "training.optimizer.per_device_train_batch_size"
+    fixed = run(tmp_path, optimizer={"per_device_train_batch_size": 8})
     assert resolve_batch_size(fixed, CPU) == (fixed, None)
 
 
@@ -106,7 +109,7 @@ def test_tiny_policy_on_cpu(tmp_path):
     "lora", [{"r": 4, "alpha": 8}, {"r": 2, "target_modules": ["q_proj", "v_proj"]}, {"r": 0}]
 )
 def test_model_shape_counts_what_peft_trains(tmp_path, lora):
-    config = run(tmp_path, lora=lora)
+    config = run(tmp_path, model={"lora": lora})
     model = build_model(config, CPU)
     shape = model_shape(config)
     assert shape.trainable_parameters == sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -116,5 +119,5 @@ def test_model_shape_counts_what_peft_trains(tmp_path, lora):
 @pytest.mark.parametrize("value", [0, "big", True])
 def test_bad_batch_size_names_the_key(tmp_path, value):
     with pytest.raises(ConfigError) as caught:
-        run(tmp_path, batch_size=value)
-    assert caught.value.key == "training.batch_size"
+        run(tmp_path, optimizer={"per_device_train_batch_size": value})
+    assert caught.value.key == "training.optimizer.per_device_train_batch_size"

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from grpo_runtime.config import ConfigError as RuntimeConfigError
-from trainer_service.config.run_config import ConfigError, load_config, parse_config, parse_reward_fn
+from trainer_service.config.reward_terms import parse_reward_fn
+from trainer_service.config.run_config import ConfigError, load_config, parse_config
 
 MINIMAL = {"base": "models/policy", "data": {"train": "train.jsonl"}}
 
@@ -24,9 +25,9 @@ def error_of(source) -> ConfigError:
 
 def test_minimal_config_gets_defaults():
     config = parse_config(MINIMAL)
-    assert config.training.num_generations == 4
-    assert config.training.lora.r == 16
-    assert config.max_completion_length == config.data.max_length
+    assert config.training.generation.num_generations == 4
+    assert config.training.model.lora.r == 16
+    assert config.training.generation.max_completion_length == 512
     assert config.output_dir == Path("runs")
 
 
@@ -42,44 +43,79 @@ def test_output_dir_joins_experiment_name():
         ({"base": "m"}, "data", "required"),
         ({**MINIMAL, "bogus": 1}, "bogus", "unknown key"),
         ({**MINIMAL, "data": {"train": "t", "colour": "red"}}, "data.colour", "unknown key"),
-        (with_training(lr=0), "training.lr", "greater than 0"),
-        (with_training(lr="fast"), "training.lr", "number"),
-        (with_training(epochs=0), "training.epochs", "greater than 0"),
-        (with_training(batch_size=0), "training.batch_size", "greater than or equal to 1"),
-        (with_training(num_generations=1), "training.num_generations", "greater than or equal to 2"),
-        (with_training(grpo_beta=-0.1), "training.grpo_beta", "greater than or equal to 0"),
-        (with_training(top_p=1.5), "training.top_p", "less than or equal to 1"),
-        (with_training(temperature=0), "training.temperature", "greater than or equal to 0.01"),
-        (with_training(lora={"r": -1}), "training.lora.r", "greater than or equal to 0"),
-        (with_training(lora={"rank": 8}), "training.lora.rank", "unknown key"),
-        (with_training(lora={"dropout": 1.0}), "training.lora.dropout", "less than 1"),
-        (with_training(quantization="3bit"), "training.quantization", "'none', '4bit' or '8bit'"),
-        (with_training(prm_aggregate="max"), "training.prm_aggregate", "'min'"),
-        (with_training(reward_fn="accuracy,,format"), "training.reward_fn", "entry 1 is empty"),
-        (with_training(reward_fn="accuracy,accuracy:2"), "training.reward_fn", "listed twice"),
-        (with_training(reward_fn=":2.0"), "training.reward_fn", "no reward name"),
-        (with_training(reward_fn="accuracy:inf"), "training.reward_fn", "needs a finite weight"),
-        (with_training(save_steps=-1), "training.save_steps", "greater than or equal to 0"),
-        (with_training(max_staleness=-1), "training.max_staleness", "greater than or equal to 0"),
-        (with_training(report_to=[]), "training.report_to", "at least one"),
-        (with_training(device="tpu"), "training.device", "'cpu' or 'cuda'"),
-        (with_training(weight_transport="nccl"), "training.weight_transport", "'auto'"),
-        (with_training(weight_bucket_mb=0), "training.weight_bucket_mb", "greater than or equal to 1"),
-        (with_training(batch_size=6, num_generations=4), "training.batch_size", "multiple of"),
-        (with_training(grpo_variant="nonsense"), "training.grpo_variant", "unknown variant"),
-        (with_training(grpo_variant="two_sided"), "training.grpo_delta", "two_sided needs"),
-        (with_training(grpo_variant="two_sided", grpo_delta=2.0), "training.grpo_delta", "(0, 1]"),
-        (with_training(grpo_variant="cispo", grpo_delta=4.0), "training.grpo_delta", "not used"),
-        (with_training(variant_params={"k": 1}), "training.variant_params.k", "unknown parameter"),
+        (with_training(optimizer={"learning_rate": 0}), "training.optimizer.learning_rate", "greater than 0"),
+        (with_training(optimizer={"learning_rate": "fast"}), "training.optimizer.learning_rate", "number"),
+        (with_training(num_train_epochs=0), "training.num_train_epochs", "greater than 0"),
         (
-            with_training(vllm_sleep_mode=True, async_rollout=True),
-            "training.vllm_sleep_mode",
-            "async_rollout",
+            with_training(optimizer={"per_device_train_batch_size": 0}),
+            "training.optimizer.per_device_train_batch_size",
+            "greater than or equal to 1",
         ),
         (
-            {**MINIMAL, "data": {"train": "t", "max_length": 64, "max_prompt_length": 64}},
-            "data.max_prompt_length",
-            "< data.max_length",
+            with_training(generation={"num_generations": 1}),
+            "training.generation.num_generations",
+            "greater than or equal to 2",
+        ),
+        (with_training(loss={"beta": -0.1}), "training.loss.beta", "greater than or equal to 0"),
+        (with_training(generation={"top_p": 1.5}), "training.generation.top_p", "less than or equal to 1"),
+        (
+            with_training(generation={"temperature": 0}),
+            "training.generation.temperature",
+            "greater than or equal to 0.01",
+        ),
+        (with_training(model={"lora": {"r": -1}}), "training.model.lora.r", "greater than or equal to 0"),
+        (with_training(model={"lora": {"rank": 8}}), "training.model.lora.rank", "unknown key"),
+        (with_training(model={"lora": {"dropout": 1.0}}), "training.model.lora.dropout", "less than 1"),
+        (
+            with_training(model={"quantization": "3bit"}),
+            "training.model.quantization",
+            "'none', '4bit' or '8bit'",
+        ),
+        (with_training(rewards={"prm_aggregate": "max"}), "training.rewards.prm_aggregate", "'min'"),
+        (
+            with_training(rewards={"reward_fn": "accuracy,,format"}),
+            "training.rewards.reward_fn",
+            "entry 1 is empty",
+        ),
+        (
+            with_training(rewards={"reward_fn": "accuracy,accuracy:2"}),
+            "training.rewards.reward_fn",
+            "listed twice",
+        ),
+        (with_training(rewards={"reward_fn": ":2.0"}), "training.rewards.reward_fn", "no reward name"),
+        (
+            with_training(rewards={"reward_fn": "accuracy:inf"}),
+            "training.rewards.reward_fn",
+            "needs a finite weight",
+        ),
+        (with_training(save_steps=-1), "training.save_steps", "greater than or equal to 0"),
+        (
+            with_training(rollout={"max_staleness": -1}),
+            "training.rollout.max_staleness",
+            "greater than or equal to 0",
+        ),
+        (with_training(report_to=[]), "training.report_to", "at least one"),
+        (with_training(model={"device": "tpu"}), "training.model.device", "'cpu' or 'cuda'"),
+        (with_training(rollout={"weight_transport": "nccl"}), "training.rollout.weight_transport", "'auto'"),
+        (
+            with_training(rollout={"weight_bucket_mb": 0}),
+            "training.rollout.weight_bucket_mb",
+            "greater than or equal to 1",
+        ),
+        (
+            with_training(optimizer={"per_device_train_batch_size": 6}, generation={"num_generations": 4}),
+            "training.optimizer.per_device_train_batch_size",
+            "multiple of",
+        ),
+        (with_training(loss={"variant": "nonsense"}), "training.loss.variant", "unknown variant"),
+        (with_training(loss={"variant": "two_sided"}), "training.loss.delta", "two_sided needs"),
+        (with_training(loss={"variant": "two_sided", "delta": 2.0}), "training.loss.delta", "(0, 1]"),
+        (with_training(loss={"variant": "cispo", "delta": 4.0}), "training.loss.delta", "not used"),
+        (with_training(loss={"params": {"k": 1}}), "training.loss.params.k", "unknown parameter"),
+        (
+            with_training(rollout={"vllm_enable_sleep_mode": True, "async_rollout": True}),
+            "training.rollout.vllm_enable_sleep_mode",
+            "async_rollout",
         ),
         ({**MINIMAL, "data": {"train": "t", "format": "csv"}}, "data.format", "'auto'"),
         ({**MINIMAL, "services": {"admin_token": "a", "admin_token_file": "f"}}, "services", "not both"),
@@ -102,10 +138,11 @@ def test_not_a_mapping_and_bad_yaml():
 def test_load_config_reads_yaml_file(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(
-        "base: m\ndata:\n  train: t.jsonl\ntraining:\n  lr: 0.001\n  reward_fn: accuracy:2,format\n"
+        "base: m\ndata:\n  train: t.jsonl\ntraining:\n  optimizer:\n    learning_rate: 0.001\n"
+        "  rewards:\n    reward_fn: accuracy:2,format\n"
     )
     config = load_config(path)
-    assert config.training.lr == 0.001
+    assert config.training.optimizer.learning_rate == 0.001
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
 
@@ -127,9 +164,9 @@ def test_parse_reward_fn(spec, expected):
 
 def test_reward_terms_carry_weights_and_params():
     config = parse_config(
-        with_training(reward_fn="accuracy:2.0,length:0.5", reward_params={"length": {"max_len": 32}})
+        with_training(rewards={"reward_fn": "accuracy:2.0,length:0.5", "params": {"length": {"max_len": 32}}})
     )
-    terms = config.training.reward_terms
+    terms = config.training.rewards.reward_terms
     assert [(t.name, t.weight, t.params) for t in terms] == [
         ("accuracy", 2.0, {}),
         ("length", 0.5, {"max_len": 32}),
@@ -137,8 +174,10 @@ def test_reward_terms_carry_weights_and_params():
 
 
 def test_prm_reward_replaces_reward_fn():
-    config = parse_config(with_training(reward_fn="accuracy,format", prm_reward="math", prm_aggregate="last"))
-    [term] = config.training.reward_terms
+    config = parse_config(
+        with_training(rewards={"reward_fn": "accuracy,format", "prm": "math", "prm_aggregate": "last"})
+    )
+    [term] = config.training.rewards.reward_terms
     assert term.name == "prm:math"
     assert term.params == {"aggregate": "last"}
 
@@ -152,6 +191,8 @@ def test_admin_token_file(tmp_path):
 
 def test_a_run_config_error_is_the_runtime_config_error_with_its_key():
     with pytest.raises(RuntimeConfigError) as caught:
-        parse_config({"base": "m", "data": {"train": "t.jsonl"}, "training": {"lr": 0}})
-    assert isinstance(caught.value, ConfigError) and caught.value.key == "training.lr"
-    assert str(caught.value).startswith("training.lr: ")
+        parse_config(
+            {"base": "m", "data": {"train": "t.jsonl"}, "training": {"optimizer": {"learning_rate": 0}}}
+        )
+    assert isinstance(caught.value, ConfigError) and caught.value.key == "training.optimizer.learning_rate"
+    assert str(caught.value).startswith("training.optimizer.learning_rate: ")

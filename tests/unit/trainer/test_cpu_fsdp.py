@@ -20,17 +20,21 @@ def test_fsdp1_on_cpu_is_refused_naming_the_key(policy_dir, tokenizer, tmp_path)
             "base": str(policy_dir),
             "output": str(tmp_path),
             "data": {"train": "train.jsonl"},
-            "training": {"batch_size": 4, "num_generations": 4, "fsdp_config": fsdp},
+            "training": {
+                "optimizer": {"per_device_train_batch_size": 4},
+                "generation": {"num_generations": 4},
+                "model": {"fsdp_config": fsdp},
+            },
         }
     )
     args = build_grpo_config(config, Device.named("cpu"))
     with pytest.raises(ConfigError) as refused:
-        make_variant_trainer(config.training.grpo_variant)(
+        make_variant_trainer(config.training.loss.variant)(
             model=AutoModelForCausalLM.from_pretrained(policy_dir),
             args=args,
             reward_funcs=length_reward,
             train_dataset=Dataset.from_dict({"prompt": ["one plus one", "hello there"] * 2}),
             processing_class=tokenizer,
         )
-    assert refused.value.key == "training.fsdp_config"
+    assert refused.value.key == "training.model.fsdp_config"
     assert "FSDP2" in str(refused.value)

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from tests.support.run_configs import merged
 from trainer_service.config.run_config import ConfigError, parse_config
 from trainer_service.local.launcher import thread_env
 from trainer_service.rollout.cpu_placement import (
@@ -17,11 +18,15 @@ from trainer_service.rollout.cpu_placement import (
     trainer_cpu_threads,
 )
 
-MINIMAL = {"base": "models/policy", "data": {"train": "train.jsonl"}, "training": {"device": "cpu"}}
+MINIMAL = {
+    "base": "models/policy",
+    "data": {"train": "train.jsonl"},
+    "training": {"model": {"device": "cpu"}},
+}
 
 
 def config(**training):
-    return parse_config({**MINIMAL, "training": {**MINIMAL["training"], **training}})
+    return parse_config({**MINIMAL, "training": merged(MINIMAL["training"], training)})
 
 
 @pytest.mark.parametrize(
@@ -58,22 +63,27 @@ def test_thread_env_sizes_openmp_and_mkl():
 def test_trainer_threads_split_only_in_async_with_a_local_rollout():
     local, remote = "127.0.0.1:50052", "10.1.2.3:50052"
     assert trainer_cpu_threads(config(), "cpu", local) is None
-    assert trainer_cpu_threads(config(async_rollout=True), "cpu", local) == overlap_threads()[0]
-    assert trainer_cpu_threads(config(async_rollout=True), "cpu", remote) is None
-    assert trainer_cpu_threads(config(cpu_threads=3), "cpu", remote) == 3
-    assert trainer_cpu_threads(config(async_rollout=True, cpu_threads=2), "cpu", local) == 2
+    assert trainer_cpu_threads(config(rollout={"async_rollout": True}), "cpu", local) == overlap_threads()[0]
+    assert trainer_cpu_threads(config(rollout={"async_rollout": True}), "cpu", remote) is None
+    assert trainer_cpu_threads(config(model={"cpu_threads": 3}), "cpu", remote) == 3
+    assert (
+        trainer_cpu_threads(config(rollout={"async_rollout": True}, model={"cpu_threads": 2}), "cpu", local)
+        == 2
+    )
 
 
 def test_only_the_automatic_split_borrows_the_rollout_cores():
     local, remote = "127.0.0.1:50052", "10.1.2.3:50052"
-    assert shares_cores_with_rollout(config(async_rollout=True), "cpu", local)
-    assert not shares_cores_with_rollout(config(async_rollout=True), "cpu", remote)
+    assert shares_cores_with_rollout(config(rollout={"async_rollout": True}), "cpu", local)
+    assert not shares_cores_with_rollout(config(rollout={"async_rollout": True}), "cpu", remote)
     assert not shares_cores_with_rollout(config(), "cpu", local)
     # An explicit thread count is kept as given for the whole run.
-    assert not shares_cores_with_rollout(config(async_rollout=True, cpu_threads=1), "cpu", local)
+    assert not shares_cores_with_rollout(
+        config(rollout={"async_rollout": True}, model={"cpu_threads": 1}), "cpu", local
+    )
 
 
 def test_cpu_threads_must_be_positive():
     with pytest.raises(ConfigError) as caught:
-        config(cpu_threads=0)
-    assert caught.value.key == "training.cpu_threads"
+        config(model={"cpu_threads": 0})
+    assert caught.value.key == "training.model.cpu_threads"

@@ -89,14 +89,14 @@ BASE = {"base": "m", "data": {"train": "t"}}
     [
         (
             {"easy_pass_rate": 0.3, "hard_pass_rate": 0.5},
-            "training.curriculum",
+            "training.sampling.curriculum",
             "hard_pass_rate must be below",
         ),
-        ({"easy_weight": 0}, "training.curriculum.easy_weight", "greater than 0"),
-        ({"pools": 3}, "training.curriculum.pools", "unknown key"),
+        ({"easy_weight": 0}, "training.sampling.curriculum.easy_weight", "greater than 0"),
+        ({"pools": 3}, "training.sampling.curriculum.pools", "unknown key"),
     ],
 )
 def test_curriculum_config_refusals_name_the_key(curriculum, key, fragment):
     with pytest.raises(ConfigError) as caught:
-        parse_config({**BASE, "training": {"curriculum": curriculum}})
+        parse_config({**BASE, "training": {"sampling": {"curriculum": curriculum}}})
     assert caught.value.key == key and fragment in str(caught.value)

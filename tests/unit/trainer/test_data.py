@@ -8,7 +8,8 @@ import datasets
 import pytest
 from transformers import AutoTokenizer
 
-from trainer_service.config.run_config import DataConfig, RewardTerm
+from trainer_service.config.reward_terms import RewardTerm
+from trainer_service.config.run_config import DataConfig
 from trainer_service.training.data import (
     DataError,
     check_prompt_lengths,

@@ -41,14 +41,20 @@ def test_the_demo_allow_lists_its_own_tools_and_nothing_else(monkeypatch):
     monkeypatch.chdir(REPO)
     raw = sent_by_demo(REPO / "configs" / "demo.yaml")
     tools = ["tests.support.tool_functions:multiply"]
-    raw["training"] |= {"tools": tools, "max_tool_calling_iterations": 1, "report_to": "tensorboard"}
+    raw["training"] |= {
+        "tools": {"functions": tools, "max_tool_calling_iterations": 1},
+        "report_to": "tensorboard",
+    }
     settings = _demo_trainer_settings(parse_config(raw))
     assert settings["allowed_tools"] == tools and settings["allowed_report_to"] == ["tensorboard"]
     assert settings["model_roots"] == [str(REPO / "models")]
     confine_as_demo(raw)
     # A hub id names no local directory: no model root is derived from it.
     assert _demo_trainer_settings(parse_config({**raw, "base": "org/name"}))["model_roots"] == []
-    with pytest.raises(InvalidArgument, match=r"training\.tools\[0\]"):
-        other = {**raw, "training": {**raw["training"], "tools": ["tests.support.tool_functions:shout"]}}
+    with pytest.raises(InvalidArgument, match=r"training\.tools\.functions\[0\]"):
+        other = {
+            **raw,
+            "training": {**raw["training"], "tools": {"functions": ["tests.support.tool_functions:shout"]}},
+        }
         settings = load_settings(_demo_trainer_settings(parse_config(raw)))
         confine(parse_config(other), RunRoots.of(settings), RunAllowList.of(settings))

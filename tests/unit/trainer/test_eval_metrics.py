@@ -72,15 +72,23 @@ MINIMAL = {"base": "models/policy", "data": {"train": "train.jsonl"}}
 @pytest.mark.parametrize(
     ("source", "key", "fragment"),
     [
-        ({**MINIMAL, "training": {"eval_steps": 10}}, "training.eval_steps", "data.eval"),
-        ({**MINIMAL, "training": {"num_generations_eval": 4}}, "training.num_generations_eval", "eval_steps"),
+        (
+            {**MINIMAL, "training": {"evaluation": {"eval_steps": 10}}},
+            "training.evaluation.eval_steps",
+            "data.eval",
+        ),
+        (
+            {**MINIMAL, "training": {"evaluation": {"num_generations_eval": 4}}},
+            "training.evaluation.num_generations_eval",
+            "eval_steps",
+        ),
         (
             {
                 **MINIMAL,
                 "data": {"train": "t", "eval": "e"},
-                "training": {"eval_steps": 5, "num_generations_eval": 0},
+                "training": {"evaluation": {"eval_steps": 5, "num_generations_eval": 0}},
             },
-            "training.num_generations_eval",
+            "training.evaluation.num_generations_eval",
             "greater than or equal to 1",
         ),
     ],
@@ -92,8 +100,17 @@ def test_eval_keys_refused_in_wrong_combinations(source, key, fragment):
 
 
 def test_eval_keys_accepted_with_an_eval_split():
-    config = parse_config({**MINIMAL, "data": {"train": "t", "eval": "e"}, "training": {"eval_steps": 5}})
-    assert config.training.num_generations_eval is None and config.training.eval_pass_threshold == 1.0
+    config = parse_config(
+        {
+            **MINIMAL,
+            "data": {"train": "t", "eval": "e"},
+            "training": {"evaluation": {"eval_steps": 5}},
+        }
+    )
+    assert (
+        config.training.evaluation.num_generations_eval is None
+        and config.training.evaluation.pass_threshold == 1.0
+    )
 
 
 def test_reward_curve_gains_the_held_out_panel(tmp_path):

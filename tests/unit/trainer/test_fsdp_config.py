@@ -1,4 +1,4 @@
-"""``training.fsdp_config`` becomes GRPOConfig ``fsdp=True`` plus ``fsdp_config``: the ``fsdp`` strategy
+"""``training.model.fsdp_config`` becomes GRPOConfig ``fsdp=True`` plus ``fsdp_config``: the ``fsdp`` strategy
 string (or list) of the run config is translated into the entries transformers reads, so transformers never
 sees the string or list it deprecates; a strategy it cannot run is refused naming the key."""
 
@@ -32,7 +32,11 @@ def _grpo_config(policy_dir, tmp_path, fsdp_config):
             "base": str(policy_dir),
             "output": str(tmp_path),
             "data": {"train": "train.jsonl"},
-            "training": {"batch_size": 4, "num_generations": 4, "fsdp_config": fsdp_config},
+            "training": {
+                "optimizer": {"per_device_train_batch_size": 4},
+                "generation": {"num_generations": 4},
+                "model": {"fsdp_config": fsdp_config},
+            },
         }
     )
     return build_grpo_config(config, Device.named("cpu"))
@@ -75,5 +79,5 @@ def test_the_strategy_string_becomes_fsdp_config_entries(
 def test_a_strategy_that_cannot_run_is_refused_naming_the_key(policy_dir, tmp_path, fsdp, message):
     with pytest.raises(ConfigError) as refused:
         _grpo_config(policy_dir, tmp_path, {"fsdp": fsdp})
-    assert refused.value.key == "training.fsdp_config.fsdp"
+    assert refused.value.key == "training.model.fsdp_config.fsdp"
     assert message in str(refused.value)

@@ -179,7 +179,7 @@ BASE = {"base": "m", "data": {"train": "t", "eval": "e"}}
         (
             {"guards": {"echo_trap": {}, "rollback": {"beta_factor": 2.0}}},
             "training.guards.rollback.beta_factor",
-            "grpo_beta",
+            "training.loss.beta",
         ),
         ({"guards": {"echo_trap": {"action": "panic"}}}, "training.guards.echo_trap.action", "'warn'"),
         (
@@ -207,9 +207,9 @@ def test_guard_config_accepted():
             **BASE,
             "training": {
                 "save_steps": 5,
-                "eval_steps": 5,
-                "grpo_beta": 0.04,
                 "guards": {"eval_gate": {"action": "rollback"}, "rollback": {"beta_factor": 2.0}},
+                "evaluation": {"eval_steps": 5},
+                "loss": {"beta": 0.04},
             },
         }
     )

@@ -1,4 +1,4 @@
-"""`training.importance_sampling`: how auto resolves, the config rules, and the trainer's "verify" mode.
+"""`training.loss.importance_sampling`: how auto resolves, the config rules, and the trainer's "verify" mode.
 
 The trainers are real `trl.GRPOTrainer` subclasses on the tiny policy with a real `rollout_func` that samples
 random completions and reports the log-probs of the trainer's own model (exact, like the fp32 HF engine) or
@@ -65,26 +65,36 @@ def test_on_and_off_are_taken_as_given_in_sync_mode(conditions):
 def test_off_is_refused_in_async_mode():
     with pytest.raises(ConfigError) as caught:
         resolve_importance_sampling("off", **{**EXACT, "async_rollout": True})
-    assert caught.value.key == "training.importance_sampling"
+    assert caught.value.key == "training.loss.importance_sampling"
     assert resolve_importance_sampling("on", **{**EXACT, "async_rollout": True}).mode == "on"
 
 
 def test_config_key_defaults_to_auto_and_refuses_off_with_async():
-    assert parse_config(MINIMAL).training.importance_sampling == "auto"
+    assert parse_config(MINIMAL).training.loss.importance_sampling == "auto"
     assert parse_config(
-        {**MINIMAL, "training": {"importance_sampling": "off"}}
-    ).training.importance_sampling == ("off")
+        {**MINIMAL, "training": {"loss": {"importance_sampling": "off"}}}
+    ).training.loss.importance_sampling == ("off")
     with pytest.raises(ConfigError) as caught:
-        parse_config({**MINIMAL, "training": {"async_rollout": True, "importance_sampling": "off"}})
-    assert caught.value.key == "training.importance_sampling"
+        parse_config(
+            {
+                **MINIMAL,
+                "training": {
+                    "rollout": {"async_rollout": True},
+                    "loss": {"importance_sampling": "off"},
+                },
+            }
+        )
+    assert caught.value.key == "training.loss.importance_sampling"
     with pytest.raises(ConfigError) as caught:
-        parse_config({**MINIMAL, "training": {"importance_sampling": "sometimes"}})
-    assert caught.value.key == "training.importance_sampling"
+        parse_config({**MINIMAL, "training": {"loss": {"importance_sampling": "sometimes"}}})
+    assert caught.value.key == "training.loss.importance_sampling"
 
 
 @pytest.mark.parametrize(("setting", "flag"), [("auto", True), ("on", True), ("off", False)])
 def test_grpo_config_computes_the_correction_unless_off(tmp_path, setting, flag):
-    config = parse_config({**MINIMAL, "output": str(tmp_path), "training": {"importance_sampling": setting}})
+    config = parse_config(
+        {**MINIMAL, "output": str(tmp_path), "training": {"loss": {"importance_sampling": setting}}}
+    )
     assert build_grpo_config(config, Device.named("cpu")).vllm_importance_sampling_correction is flag
 
 

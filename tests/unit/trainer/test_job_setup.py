@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from tests.support.run_configs import merged
 from trainer_service.__main__ import main
 from trainer_service.config.run_config import ConfigError, parse_config
 from trainer_service.training.builders import Device, build_grpo_config, build_model, quantization_config
@@ -21,8 +22,8 @@ def config(tmp_path, **training):
             "base": "tests/assets/models/policy",
             "output": str(tmp_path / "out"),
             "experiment_name": "exp",
-            "data": {"train": "t.jsonl", "max_length": 64},
-            "training": training,
+            "data": {"train": "t.jsonl"},
+            "training": merged({"generation": {"max_completion_length": 64}}, training),
         }
     )
 
@@ -31,15 +32,14 @@ def test_grpo_config_on_cpu(tmp_path):
     args = build_grpo_config(
         config(
             tmp_path,
-            reward_fn="accuracy:2.0,format:0.5",
-            batch_size=8,
-            num_generations=4,
-            grpo_variant="gspo",
-            grpo_beta=0.04,
             save_steps=5,
             max_steps=7,
             report_to="none",
             seed=3,
+            rewards={"reward_fn": "accuracy:2.0,format:0.5"},
+            optimizer={"per_device_train_batch_size": 8},
+            generation={"num_generations": 4},
+            loss={"variant": "gspo", "beta": 0.04},
         ),
         CPU,
     )
@@ -51,11 +51,11 @@ def test_grpo_config_on_cpu(tmp_path):
     assert args.importance_sampling_level == "sequence" and args.loss_type == "grpo"
     assert args.beta == 0.04 and args.seed == 3 and args.max_steps == 7
     assert args.save_strategy == "steps" and args.save_steps == 5
-    assert args.max_completion_length == 64  # data.max_length when max_completion_length is unset
+    assert args.max_completion_length == 64
 
 
 def test_equal_weights_leave_reward_weights_unset_and_no_saves(tmp_path):
-    args = build_grpo_config(config(tmp_path, reward_fn="accuracy,format"), CPU)
+    args = build_grpo_config(config(tmp_path, rewards={"reward_fn": "accuracy,format"}), CPU)
     assert args.reward_weights is None
     assert args.save_strategy == "no"
 
@@ -67,8 +67,8 @@ def test_precision_on_cpu_is_fp32():
 @pytest.mark.parametrize("mode", ["4bit", "8bit"])
 def test_quantization_on_cpu_is_a_clear_error(tmp_path, mode):
     with pytest.raises(ConfigError) as caught:
-        quantization_config(config(tmp_path, quantization=mode), CPU, torch.float16)
-    assert caught.value.key == "training.quantization"
+        quantization_config(config(tmp_path, model={"quantization": mode}), CPU, torch.float16)
+    assert caught.value.key == "training.model.quantization"
     assert "needs a CUDA GPU" in str(caught.value)
     assert quantization_config(config(tmp_path), CPU, torch.float16) is None
 
@@ -76,12 +76,12 @@ def test_quantization_on_cpu_is_a_clear_error(tmp_path, mode):
 def test_lora_variants_and_full_finetune(tmp_path, tiny_models):
     lora = {"r": 4, "alpha": 8, "use_dora": True, "use_rslora": True}
     # DoRA trains only without weight sync (the rollout service loads plain LoRA adapters).
-    dora = build_model(config(tmp_path, lora=lora, weight_sync=False), CPU)
+    dora = build_model(config(tmp_path, model={"lora": lora}, rollout={"weight_sync": False}), CPU)
     peft_config = dora.peft_config["default"]
     assert peft_config.use_dora and peft_config.use_rslora and peft_config.r == 4
     trainable = [name for name, p in dora.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in name for name in trainable)
-    full = build_model(config(tmp_path, lora={"r": 0}), CPU)
+    full = build_model(config(tmp_path, model={"lora": {"r": 0}}), CPU)
     assert not hasattr(full, "peft_config")
     assert all(p.dtype == torch.float32 for p in full.parameters())
 
@@ -100,6 +100,8 @@ def test_resolve_checkpoint(tmp_path):
 
 def test_cli_train_config_error_exits_2_naming_key(tmp_path, capsys):
     path = tmp_path / "bad.yaml"
-    path.write_text(json.dumps({"base": "m", "data": {"train": "t"}, "training": {"lora": {"r": -2}}}))
+    path.write_text(
+        json.dumps({"base": "m", "data": {"train": "t"}, "training": {"model": {"lora": {"r": -2}}}})
+    )
     assert main(["train", str(path)]) == 2
-    assert "training.lora.r" in capsys.readouterr().err
+    assert "training.model.lora.r" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
+from tests.support.run_configs import merged
 from tests.unit.trainer.fixtures import offset_rollout
 from trainer_service.config.run_config import ConfigError, parse_config
 from trainer_service.training.builders import Device, build_grpo_config
@@ -24,8 +25,8 @@ def config(tmp_path=None, **training: Any):
         {
             "base": "tests/assets/models/policy",
             "output": str(tmp_path or "runs"),
-            "data": {"train": "t.jsonl", "max_length": 64},
-            "training": training,
+            "data": {"train": "t.jsonl"},
+            "training": merged({"generation": {"max_completion_length": 64}}, training),
         }
     )
 
@@ -39,14 +40,26 @@ def error_key(**training: Any) -> tuple[str | None, str]:
 @pytest.mark.parametrize(
     ("training", "key", "fragment"),
     [
-        ({"scale_rewards": "median"}, "training.scale_rewards", "group"),
-        ({"scale_rewards": False}, "training.scale_rewards", "group"),
-        ({"dynamic_sampling": {"max_gen_batches": 1}}, "training.dynamic_sampling.max_gen_batches", "2"),
-        ({"dynamic_sampling": {"filter": "accuracy"}}, "training.dynamic_sampling.filter", "zero_std"),
-        ({"dynamic_sampling": {"max_gen": 3}}, "training.dynamic_sampling.max_gen", "unknown"),
-        ({"grpo_variant": "cispo"}, "training.grpo_epsilon_high", "scales the gradient down"),
-        ({"grpo_variant": "cispo", "grpo_epsilon_high": 1.0}, "training.grpo_epsilon_high", "> 1"),
-        ({"lora": {"use_dora": True}}, "training.lora.use_dora", "LoRA adapters only"),
+        ({"loss": {"scale_rewards": "median"}}, "training.loss.scale_rewards", "group"),
+        ({"loss": {"scale_rewards": False}}, "training.loss.scale_rewards", "group"),
+        (
+            {"sampling": {"dynamic_sampling": {"max_gen_batches": 1}}},
+            "training.sampling.dynamic_sampling.max_gen_batches",
+            "2",
+        ),
+        (
+            {"sampling": {"dynamic_sampling": {"filter": "accuracy"}}},
+            "training.sampling.dynamic_sampling.filter",
+            "zero_std",
+        ),
+        (
+            {"sampling": {"dynamic_sampling": {"max_gen": 3}}},
+            "training.sampling.dynamic_sampling.max_gen",
+            "unknown",
+        ),
+        ({"loss": {"variant": "cispo"}}, "training.loss.epsilon_high", "scales the gradient down"),
+        ({"loss": {"variant": "cispo", "epsilon_high": 1.0}}, "training.loss.epsilon_high", "> 1"),
+        ({"model": {"lora": {"use_dora": True}}}, "training.model.lora.use_dora", "LoRA adapters only"),
     ],
 )
 def test_refused_objective_settings_name_the_key(training, key, fragment):
@@ -56,21 +69,25 @@ def test_refused_objective_settings_name_the_key(training, key, fragment):
 
 
 def test_accepted_objective_settings():
-    assert config(grpo_variant="cispo", grpo_epsilon_high=5.0).training.grpo_epsilon_high == 5.0
-    assert config(lora={"use_dora": True}, weight_sync=False).training.lora.use_dora  # nothing is pushed
-    sampling = config(dynamic_sampling={"max_gen_batches": 8}).training.dynamic_sampling
+    assert config(loss={"variant": "cispo", "epsilon_high": 5.0}).training.loss.epsilon_high == 5.0
+    assert config(
+        model={"lora": {"use_dora": True}}, rollout={"weight_sync": False}
+    ).training.model.lora.use_dora  # nothing is pushed
+    sampling = config(
+        sampling={"dynamic_sampling": {"max_gen_batches": 8}}
+    ).training.sampling.dynamic_sampling
     assert sampling is not None and (sampling.filter, sampling.max_gen_batches) == ("zero_std", 8)
-    assert config(dynamic_sampling={}).training.dynamic_sampling.max_gen_batches == 4
+    assert config(sampling={"dynamic_sampling": {}}).training.sampling.dynamic_sampling.max_gen_batches == 4
 
 
 def test_gspo_takes_its_papers_clip_range_unless_one_is_set():
-    t = config(grpo_variant="gspo").training
-    assert (t.grpo_epsilon, t.grpo_epsilon_high) == (3e-4, 4e-4)
-    t = config(grpo_variant="gspo", grpo_epsilon=0.1).training
-    assert (t.grpo_epsilon, t.grpo_epsilon_high) == (0.1, None)
-    t = config(grpo_variant="grpo").training
-    assert (t.grpo_epsilon, t.grpo_epsilon_high) == (0.2, None)
-    args = build_grpo_config(config(grpo_variant="gspo"), Device.named("cpu"))
+    t = config(loss={"variant": "gspo"}).training
+    assert (t.loss.epsilon, t.loss.epsilon_high) == (3e-4, 4e-4)
+    t = config(loss={"variant": "gspo", "epsilon": 0.1}).training
+    assert (t.loss.epsilon, t.loss.epsilon_high) == (0.1, None)
+    t = config(loss={"variant": "grpo"}).training
+    assert (t.loss.epsilon, t.loss.epsilon_high) == (0.2, None)
+    args = build_grpo_config(config(loss={"variant": "gspo"}), Device.named("cpu"))
     assert (args.epsilon, args.epsilon_high) == (3e-4, 4e-4)
 
 
@@ -80,9 +97,13 @@ def completion_length(prompts: list[Any], completions: list[Any], **_: Any) -> l
 
 def first_batch(tmp_path, policy_dir, tokenizer, **training: Any) -> dict[str, Any]:
     """The first generation batch a trainer built from the run config's GRPOConfig trains on."""
-    run = config(tmp_path, batch_size=4, num_generations=4, max_completion_length=5, **training)
+    defaults = {
+        "optimizer": {"per_device_train_batch_size": 4},
+        "generation": {"num_generations": 4, "max_completion_length": 5},
+    }
+    run = config(tmp_path, **merged(defaults, training))
     args = build_grpo_config(run, Device.named("cpu"))
-    trainer = make_variant_trainer(run.training.grpo_variant)(
+    trainer = make_variant_trainer(run.training.loss.variant)(
         model=AutoModelForCausalLM.from_pretrained(policy_dir),
         args=args,
         reward_funcs=completion_length,
@@ -97,7 +118,10 @@ def first_batch(tmp_path, policy_dir, tokenizer, **training: Any) -> dict[str, A
 def test_mask_truncated_completions_and_scale_rewards_change_the_batch(tmp_path, policy_dir, tokenizer):
     default = first_batch(tmp_path / "a", policy_dir, tokenizer)
     changed = first_batch(
-        tmp_path / "b", policy_dir, tokenizer, mask_truncated_completions=True, scale_rewards="none"
+        tmp_path / "b",
+        policy_dir,
+        tokenizer,
+        loss={"mask_truncated_completions": True, "scale_rewards": "none"},
     )
     # The sampler's 5 random tokens never end in EOS: every completion is truncated and leaves the loss.
     assert int(default["num_items_in_batch"]) == 20 and int(changed["num_items_in_batch"]) == 0

@@ -30,7 +30,7 @@ def run_config(tmp_path, **reasoning_gym_block):
                 "eval": "reasoning_gym:leg_counting",
                 "reasoning_gym": {"size": 6, "eval_size": 3, "seed": 11, **reasoning_gym_block},
             },
-            "training": {"reward_fn": "reasoning_gym:leg_counting"},
+            "training": {"rewards": {"reward_fn": "reasoning_gym:leg_counting"}},
         }
     )
 
@@ -57,7 +57,7 @@ def test_rows_score_through_the_reward_as_the_trainer_sends_them(tmp_path):
     the gold answer in <answer> tags scores 1, another answer less."""
     config = run_config(tmp_path, system_prompt=None)
     rows = read_split(config.data, split="train")
-    dataset = to_dataset(rows, config.training.reward_terms, split="train")
+    dataset = to_dataset(rows, config.training.rewards.reward_terms, split="train")
     batch = dataset[:4]
     completions = [f"<answer>{a}</answer>" for a in batch["answer"][:2]] + ["<answer>-1</answer>"] * 2
     columns = {key: values for key, values in batch.items() if key != "prompt"}

@@ -82,7 +82,14 @@ def test_sampling_from_config_and_per_step_seed():
         {
             "base": "m",
             "data": {"train": "t"},
-            "training": {"temperature": 0.7, "top_p": 0.9, "max_completion_length": 12, "generation_seed": 5},
+            "training": {
+                "generation": {
+                    "temperature": 0.7,
+                    "top_p": 0.9,
+                    "max_completion_length": 12,
+                    "generation_seed": 5,
+                }
+            },
         }
     )
     sampling = SamplingConfig.from_run(config)

@@ -63,21 +63,36 @@ def accepted(run_config, settings: TrainerServiceSettings) -> bool:
 
 
 def test_only_allow_listed_tools_pass_and_the_error_names_the_entry(tmp_path, settings):
-    assert accepted(config(tmp_path, {"tools": [MULTIPLY]}), settings)
-    assert refused_key(config(tmp_path, {"tools": [SHOUT]}), settings) == "training.tools[0]"
-    assert refused_key(config(tmp_path, {"tools": [MULTIPLY, SHOUT]}), settings) == "training.tools[1]"
+    assert accepted(config(tmp_path, {"tools": {"functions": [MULTIPLY]}}), settings)
+    assert (
+        refused_key(config(tmp_path, {"tools": {"functions": [SHOUT]}}), settings)
+        == "training.tools.functions[0]"
+    )
+    assert (
+        refused_key(config(tmp_path, {"tools": {"functions": [MULTIPLY, SHOUT]}}), settings)
+        == "training.tools.functions[1]"
+    )
     # Nothing is allowed without an allow-list: the default, and a caller of confine that passes none.
     defaults = TrainerServiceSettings(
         runs_root=tmp_path / "runs", data_roots=[tmp_path / "data"], model_roots=[tmp_path / "models"]
     )
-    assert refused_key(config(tmp_path, {"tools": [MULTIPLY]}), defaults) == "training.tools[0]"
-    with pytest.raises(InvalidArgument, match=r"training\.tools\[0\]: .* allowed_tools \(none configured\)"):
-        confine(config(tmp_path, {"tools": [MULTIPLY]}), RunRoots.of(settings))
+    assert (
+        refused_key(config(tmp_path, {"tools": {"functions": [MULTIPLY]}}), defaults)
+        == "training.tools.functions[0]"
+    )
+    with pytest.raises(
+        InvalidArgument, match=r"training\.tools\.functions\[0\]: .* allowed_tools \(none configured\)"
+    ):
+        confine(config(tmp_path, {"tools": {"functions": [MULTIPLY]}}), RunRoots.of(settings))
 
 
 def test_the_refusal_says_which_setting_allows_a_tool(tmp_path, settings):
     with pytest.raises(InvalidArgument) as error:
-        confine(config(tmp_path, {"tools": [SHOUT]}), RunRoots.of(settings), RunAllowList.of(settings))
+        confine(
+            config(tmp_path, {"tools": {"functions": [SHOUT]}}),
+            RunRoots.of(settings),
+            RunAllowList.of(settings),
+        )
     assert SHOUT in error.value.message and f"allowed_tools ({MULTIPLY})" in error.value.message
 
 
@@ -173,7 +188,7 @@ def test_an_eval_baseline_only_under_the_runs_or_data_roots(tmp_path, settings):
             "train": str(tmp_path / "data" / "train.jsonl"),
             "eval": str(tmp_path / "data" / "eval.jsonl"),
         }
-        return config(tmp_path, {"guards": guards, "eval_steps": 1}, data=data)
+        return config(tmp_path, {"guards": guards, "evaluation": {"eval_steps": 1}}, data=data)
 
     (tmp_path / "runs" / "eval_metrics.jsonl").write_text('{"accuracy_greedy": 0.5}\n')
     os.mkfifo(tmp_path / "data" / "fifo")
@@ -185,7 +200,8 @@ def test_an_eval_baseline_only_under_the_runs_or_data_roots(tmp_path, settings):
 def test_an_inline_deepspeed_config_is_refused_and_a_file_under_the_data_roots_is_not(tmp_path, settings):
     inline = {"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/etc"}}}
     assert (
-        refused_key(config(tmp_path, {"deepspeed_config": inline}), settings) == "training.deepspeed_config"
+        refused_key(config(tmp_path, {"model": {"deepspeed": inline}}), settings)
+        == "training.model.deepspeed"
     )
     (tmp_path / "data" / "ds.json").write_text("{}")
-    assert accepted(config(tmp_path, {"deepspeed_config": str(tmp_path / "data" / "ds.json")}), settings)
+    assert accepted(config(tmp_path, {"model": {"deepspeed": str(tmp_path / "data" / "ds.json")}}), settings)

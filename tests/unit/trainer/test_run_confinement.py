@@ -45,27 +45,27 @@ def roots(tmp_path) -> RunRoots:
 @pytest.mark.parametrize(
     ("yaml_text", "key"),
     [
-        ("training: {lr: .nan}", "training.lr"),
-        ("training: {lr: .inf}", "training.lr"),
-        ("training: {temperature: .nan}", "training.temperature"),
-        ("training: {temperature: 1.0e300}", "training.temperature"),
-        ("training: {top_p: .nan}", "training.top_p"),
-        ("training: {grpo_beta: .inf}", "training.grpo_beta"),
-        ("training: {grpo_epsilon: .nan}", "training.grpo_epsilon"),
-        ("training: {grpo_epsilon_high: .inf}", "training.grpo_epsilon_high"),
-        ("training: {grpo_delta: .nan}", "training.grpo_delta"),
-        ("training: {max_grad_norm: .inf}", "training.max_grad_norm"),
-        ("training: {epochs: .inf}", "training.epochs"),
-        ("training: {min_p: .nan}", "training.min_p"),
-        ("training: {warmup_ratio: .nan}", "training.warmup_ratio"),
-        ("training: {weight_decay: .inf}", "training.weight_decay"),
-        ("training: {lora: {alpha: .nan}}", "training.lora.alpha"),
-        ("training: {lora: {dropout: .nan}}", "training.lora.dropout"),
-        ("training: {reward_fn: 'accuracy:nan'}", "training.reward_fn"),
-        ("training: {reward_fn: 'accuracy:1e300'}", "training.reward_fn"),
-        ("training: {reward_params: {length: {max_len: .inf}}}", "training.reward_params.length"),
-        ("training: {variant_params: {tau: [1.0, .nan]}}", "training.variant_params"),
-        ("training: {fsdp_config: {x: {y: -.inf}}}", "training.fsdp_config"),
+        ("training: {optimizer: {learning_rate: .nan}}", "training.optimizer.learning_rate"),
+        ("training: {optimizer: {learning_rate: .inf}}", "training.optimizer.learning_rate"),
+        ("training: {generation: {temperature: .nan}}", "training.generation.temperature"),
+        ("training: {generation: {temperature: 1.0e300}}", "training.generation.temperature"),
+        ("training: {generation: {top_p: .nan}}", "training.generation.top_p"),
+        ("training: {loss: {beta: .inf}}", "training.loss.beta"),
+        ("training: {loss: {epsilon: .nan}}", "training.loss.epsilon"),
+        ("training: {loss: {epsilon_high: .inf}}", "training.loss.epsilon_high"),
+        ("training: {loss: {delta: .nan}}", "training.loss.delta"),
+        ("training: {optimizer: {max_grad_norm: .inf}}", "training.optimizer.max_grad_norm"),
+        ("training: {num_train_epochs: .inf}", "training.num_train_epochs"),
+        ("training: {generation: {min_p: .nan}}", "training.generation.min_p"),
+        ("training: {optimizer: {warmup_ratio: .nan}}", "training.optimizer.warmup_ratio"),
+        ("training: {optimizer: {weight_decay: .inf}}", "training.optimizer.weight_decay"),
+        ("training: {model: {lora: {alpha: .nan}}}", "training.model.lora.alpha"),
+        ("training: {model: {lora: {dropout: .nan}}}", "training.model.lora.dropout"),
+        ("training: {rewards: {reward_fn: 'accuracy:nan'}}", "training.rewards.reward_fn"),
+        ("training: {rewards: {reward_fn: 'accuracy:1e300'}}", "training.rewards.reward_fn"),
+        ("training: {rewards: {params: {length: {max_len: .inf}}}}", "training.rewards.params.length"),
+        ("training: {loss: {params: {tau: [1.0, .nan]}}}", "training.loss.params"),
+        ("training: {model: {fsdp_config: {x: {y: -.inf}}}}", "training.model.fsdp_config"),
         ("services: {request_timeout_s: .inf}", "services.request_timeout_s"),
         ("services: {retry_timeout_s: .nan}", "services.retry_timeout_s"),
         ("services: {startup_timeout_s: .inf}", "services.startup_timeout_s"),
@@ -79,10 +79,10 @@ def test_non_finite_and_out_of_range_numbers_are_refused_naming_the_key(yaml_tex
 
 def test_reward_term_weights_and_params_are_finite():
     config = parse_config(
-        "base: m\ndata: {train: t}\ntraining: {reward_fn: 'accuracy:2.5,format', "
-        "reward_params: {format: {strict: true, scale: 0.5}}}\n"
+        "base: m\ndata: {train: t}\ntraining: {rewards: {reward_fn: 'accuracy:2.5,format', "
+        "params: {format: {strict: true, scale: 0.5}}}}\n"
     )
-    assert [(t.name, t.weight, t.params) for t in config.training.reward_terms] == [
+    assert [(t.name, t.weight, t.params) for t in config.training.rewards.reward_terms] == [
         ("accuracy", 2.5, {}),
         ("format", 1.0, {"strict": True, "scale": 0.5}),
     ]
@@ -141,7 +141,7 @@ def placed(value, tmp_path: Path):
         ({"services": {"admin_token_file": "SECRETS/missing"}}, "services.admin_token_file"),
         ({"services": {"tls_ca_file": "/etc/ssl/certs/ca-certificates.crt"}}, "services.tls_ca_file"),
         ({"training": {"resume_from_checkpoint": "/tmp"}}, "training.resume_from_checkpoint"),
-        ({"training": {"deepspeed_config": "/etc/hostname"}}, "training.deepspeed_config"),
+        ({"training": {"model": {"deepspeed": "/etc/hostname"}}}, "training.model.deepspeed"),
     ],
 )
 def test_paths_outside_the_roots_are_refused_naming_the_key(tmp_path, roots, overrides, key):

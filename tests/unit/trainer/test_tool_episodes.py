@@ -27,24 +27,32 @@ def config(**training):
 
 
 def test_config_takes_trl_names_and_one_environment_form():
-    c = config(environment="calculator", max_tool_calling_iterations=3, env_reward_weight=0.5)
-    assert [e.name for e in c.training.episode_environments] == ["calculator"]
-    assert c.training.episode_max_turns == 4  # iterations of tool calling + the answer turn
-    c = config(environments=[{"name": "python", "params": {"timeout_s": 2}}, "calculator"], max_turns=3)
-    assert [(e.name, e.params) for e in c.training.episode_environments] == [
+    c = config(
+        tools={"environment": "calculator", "max_tool_calling_iterations": 3},
+        rewards={"environment_weight": 0.5},
+    )
+    assert [e.name for e in c.training.tools.episode_environments] == ["calculator"]
+    assert c.training.tools.max_model_turns == 4  # iterations of tool calling + the answer turn
+    c = config(
+        tools={
+            "environments": [{"name": "python", "params": {"timeout_s": 2}}, "calculator"],
+            "max_tool_calling_iterations": 2,
+        }
+    )
+    assert [(e.name, e.params) for e in c.training.tools.episode_environments] == [
         ("python", {"timeout_s": 2}),
         ("calculator", {}),
     ]
     with pytest.raises(ConfigError, match="environment or environments"):
-        config(environment="a", environments=["b"])
-    with pytest.raises(ConfigError, match="max_tool_calling_iterations or max_turns"):
-        config(environment="a", max_turns=2, max_tool_calling_iterations=1)
-    assert config().training.episode_environments == []
+        config(tools={"environment": "a", "environments": ["b"]})
+    with pytest.raises(ConfigError, match=r"training\.max_turns: moved to training\.tools\.max_tool_calling"):
+        config(max_turns=2, tools={"environment": "a"})
+    assert config().training.tools.episode_environments == []
     assert episode_plan(config(), [{"prompt": PROMPT}]) is None
 
 
 def test_plan_attaches_each_rows_columns_and_its_environment():
-    c = config(environments=["calculator", "python"], max_tool_calling_iterations=2)
+    c = config(tools={"environments": ["calculator", "python"], "max_tool_calling_iterations": 2})
     rows = [
         {"prompt": PROMPT, "answer": "56088"},
         {"prompt": OTHER, "answer": "4", "environment": "python", "score": float("nan")},
@@ -58,7 +66,7 @@ def test_plan_attaches_each_rows_columns_and_its_environment():
 
 def test_plan_refuses_an_environment_the_run_does_not_have():
     plan = EpisodePlan(
-        config(environment="calculator").training.episode_environments,
+        config(tools={"environment": "calculator"}).training.tools.episode_environments,
         [{"prompt": PROMPT, "environment": "browser"}],
     )
     with pytest.raises(ValueError, match="browser"):
@@ -84,7 +92,7 @@ def episode(tool_mask, reward, calls=1, failures=0, finish=FinishReason.STOP) ->
 
 
 def test_to_trl_passes_the_tool_mask_as_env_mask_and_the_env_reward():
-    plan = episode_plan(config(environment="calculator"), [{"prompt": PROMPT}])
+    plan = episode_plan(config(tools={"environment": "calculator"}), [{"prompt": PROMPT}])
     rollout = ServiceRollout(None, WeightSync(client=None), SamplingConfig(1.0, 1.0, 8), 2, episodes=plan)
     completions = [
         episode([1, 1, 0, 0, 1], 1.0, calls=1),
@@ -104,7 +112,7 @@ def test_to_trl_passes_the_tool_mask_as_env_mask_and_the_env_reward():
 
 def test_an_episode_without_tokens_gets_one_end_token_out_of_the_loss():
     """An episode that could not open has no token; TRL reads each completion's last id."""
-    plan = episode_plan(config(environment="calculator"), [{"prompt": PROMPT}], end_token_id=2)
+    plan = episode_plan(config(tools={"environment": "calculator"}), [{"prompt": PROMPT}], end_token_id=2)
     rollout = ServiceRollout(None, WeightSync(client=None), SamplingConfig(1.0, 1.0, 8), 2, episodes=plan)
     unopened = episode([], None, calls=0, finish=FinishReason.ERROR)
     out = rollout.to_trl([episode([1, 0, 1], 1.0), unopened], expected_version=3)
@@ -114,7 +122,7 @@ def test_an_episode_without_tokens_gets_one_end_token_out_of_the_loss():
 
 
 def test_to_trl_refuses_a_tool_mask_that_does_not_cover_the_tokens():
-    plan = episode_plan(config(environment="calculator"), [{"prompt": PROMPT}])
+    plan = episode_plan(config(tools={"environment": "calculator"}), [{"prompt": PROMPT}])
     rollout = ServiceRollout(None, WeightSync(client=None), SamplingConfig(1.0, 1.0, 8), 2, episodes=plan)
     broken = episode([1, 0], 1.0)
     broken.tool_mask = [1]

@@ -1,5 +1,6 @@
-"""training.tools (TRL's tools=): the functions become the episodes' environment in a locally spawned reward
-service's settings; a service the run did not start must already list exactly those functions."""
+"""training.tools.functions (TRL's tools=): the functions become the episodes' environment in a locally
+spawned reward service's settings; a service the run did not start must already list exactly those
+functions."""
 
 from __future__ import annotations
 
@@ -20,22 +21,24 @@ def config(**training):
 
 
 def test_tools_become_the_environment_of_the_spawned_reward_service():
-    c = config(tools=[MULTIPLY], max_tool_calling_iterations=2)
-    assert [(e.name, e.params) for e in c.training.episode_environments] == [("tools", {})]
+    c = config(tools={"functions": [MULTIPLY], "max_tool_calling_iterations": 2})
+    assert [(e.name, e.params) for e in c.training.tools.episode_environments] == [("tools", {})]
     assert local_reward_settings(c) == {"environments": {"functions": {"tools": [MULTIPLY]}}}
     assert not uses_env_reward(c)  # function tools have no environment reward, as in TRL
-    assert local_reward_settings(config(environment="calculator")) is None
+    assert local_reward_settings(config(tools={"environment": "calculator"})) is None
 
 
 @pytest.mark.parametrize("tools", [["multiply"], ["a b:c"], []])
 def test_a_tool_that_is_not_an_import_path_is_refused(tools):
-    with pytest.raises(ConfigError, match=r"training\.tools"):
-        config(tools=tools)
+    with pytest.raises(ConfigError, match=r"training\.tools\.functions"):
+        config(tools={"functions": tools})
 
 
 def test_tools_and_environments_together_are_refused():
-    with pytest.raises(ConfigError, match=r"tools or environment\(s\), not both.*environments\.functions"):
-        config(tools=[MULTIPLY], environment="calculator")
+    with pytest.raises(
+        ConfigError, match=r"functions or environment\(s\), not both.*environments\.functions"
+    ):
+        config(tools={"functions": [MULTIPLY], "environment": "calculator"})
 
 
 def test_a_remote_service_must_list_exactly_these_functions_as_the_tools_environment():

@@ -381,7 +381,7 @@ def test_factory_caches_one_class_per_variant_and_base():
     assert mine is not gspo and issubclass(mine, MyTrainer)
     with pytest.raises(TypeError, match="GRPOTrainer"):
         make_variant_trainer("gspo", base=dict)
-    with pytest.raises(ConfigError, match="grpo_variant"):
+    with pytest.raises(ConfigError, match="variant: unknown variant"):
         make_variant_trainer("ppo")
 
 
@@ -410,20 +410,20 @@ def test_config_overrides_per_variant():
 @pytest.mark.parametrize(
     ("variant", "kwargs", "key"),
     [
-        ("two_sided", {}, "grpo_delta"),
-        ("two_sided", {"grpo_delta": 1.5}, "grpo_delta"),
-        ("two_sided", {"grpo_delta": float("nan")}, "grpo_delta"),
-        ("grpo", {"grpo_delta": 1.1}, "grpo_delta"),
-        ("cispo", {"grpo_delta": 5.0}, "grpo_delta"),
-        ("cispo", {}, "grpo_epsilon_high"),  # unset = ε = 0.2: would only scale the gradient down
-        ("cispo", {"epsilon_high": 1.0}, "grpo_epsilon_high"),
-        ("rft", {"grpo_delta": 0.2}, "grpo_delta"),
-        ("grpo", {"epsilon": -0.1}, "grpo_epsilon"),
-        ("dapo", {"epsilon_high": 0.0}, "grpo_epsilon_high"),
-        ("sapo", {"params": {"vespo_k_pos": 2.0}}, "variant_params.vespo_k_pos"),
-        ("sapo", {"params": {"sapo_temperature_pos": 0.0}}, "variant_params.sapo_temperature_pos"),
-        ("vespo", {"params": {"vespo_lambda_neg": True}}, "variant_params.vespo_lambda_neg"),
-        ("nope", {}, "grpo_variant"),
+        ("two_sided", {}, "delta"),
+        ("two_sided", {"grpo_delta": 1.5}, "delta"),
+        ("two_sided", {"grpo_delta": float("nan")}, "delta"),
+        ("grpo", {"grpo_delta": 1.1}, "delta"),
+        ("cispo", {"grpo_delta": 5.0}, "delta"),
+        ("cispo", {}, "epsilon_high"),  # unset = ε = 0.2: would only scale the gradient down
+        ("cispo", {"epsilon_high": 1.0}, "epsilon_high"),
+        ("rft", {"grpo_delta": 0.2}, "delta"),
+        ("grpo", {"epsilon": -0.1}, "epsilon"),
+        ("dapo", {"epsilon_high": 0.0}, "epsilon_high"),
+        ("sapo", {"params": {"vespo_k_pos": 2.0}}, "params.vespo_k_pos"),
+        ("sapo", {"params": {"sapo_temperature_pos": 0.0}}, "params.sapo_temperature_pos"),
+        ("vespo", {"params": {"vespo_lambda_neg": True}}, "params.vespo_lambda_neg"),
+        ("nope", {}, "variant"),
     ],
 )
 def test_bad_variant_params_name_the_key(variant, kwargs, key):
