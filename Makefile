@@ -61,6 +61,7 @@ models: $(STAMP)
 lint: $(STAMP) check-protos
 	$(BIN)/buf lint
 	$(PY) scripts/gen_api_docs.py --check
+	$(PY) scripts/gen_config_docs.py --check
 	$(BIN)/buf format --diff --exit-code
 	./scripts/buf_breaking.sh
 	$(BIN)/ruff check .
