@@ -134,6 +134,7 @@ def main() -> None:
         default=None,
         help="record the time of a build timed outside this script",
     )
+    parser.add_argument("--repository", default="grpo-services", help="images are REPOSITORY/<service>:cuda")
     parser.add_argument("--health-timeout", type=float, default=240.0, help="seconds to wait for SERVING")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/cuda_images.json")
     args = parser.parse_args()
@@ -148,7 +149,7 @@ def main() -> None:
         report["build"] = {"ok": True, "seconds": args.build_seconds, "timed": "outside this script"}
     images = {}
     for service, spec in IMAGES.items():
-        image = f"grpo-services/{service}:cuda"
+        image = f"{args.repository}/{service}:cuda"
         size = image_size(image)
         if size is None:
             images[service] = {"ok": False, "error": f"{image} is not built (make images-cuda)"}

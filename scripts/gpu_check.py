@@ -22,8 +22,6 @@ Steps (``--device cuda`` / what ``--device cpu`` runs instead, to exercise the s
 - ``weight-push``: ``bench/weight_push_bench.py --transport distributed --backend nccl --device cuda`` (CPU:
   gloo on cpu with a small model, one round), its results file embedded (it measures the gRPC stream beside
   it as the baseline).
-- ``images``: ``docker/build_images.sh cuda`` when a Docker daemon and a CUDA wheelhouse are there (else SKIP
-  with the reason); on CPU only ``bash -n`` of the script and the cuda Dockerfiles' presence.
 
 The results file is rewritten whole after every step, so a run cut short keeps the steps it finished.
 """
@@ -71,7 +69,7 @@ GREEDY = {"temperature": 0.0, "max_tokens": 24, "seed": 0}
 # Sleep must hand back at least this share of the device memory the engine holds (weights + KV cache).
 MIN_FREED_SHARE = 0.5
 # Seconds each step may take at most (the whole run is also bounded by --budget-s).
-STEP_LIMITS_S = {"sleep-wake": 200, "qlora": 150, "vllm-is": 200, "weight-push": 150, "images": 540}
+STEP_LIMITS_S = {"sleep-wake": 200, "qlora": 150, "vllm-is": 200, "weight-push": 150}
 STARTUP_TIMEOUT_S = 240.0
 MIB = 1 << 20
 
@@ -440,74 +438,11 @@ def step_weight_push(ctx: CheckContext) -> StepResult:
     return result
 
 
-# ------------------------------------------------------------------ step 5: cuda images
-def cuda_wheelhouse_problem(wheelhouse: Path) -> str | None:
-    """Why ``docker/wheelhouse`` cannot build the cuda images (None when it can): it needs a CUDA torch
-    wheel (PyPI's, no ``+cpu`` local version), vllm and bitsandbytes (the Dockerfiles' pip wheel lines)."""
-    wheels = [p.name for p in wheelhouse.glob("*.whl")]
-    torch_wheels = [w for w in wheels if w.startswith("torch-")]
-    if any("+cpu" in w for w in torch_wheels):
-        return "docker/wheelhouse holds the CPU torch wheel"
-    missing = [n for n in ("torch-", "vllm-", "bitsandbytes-") if not any(w.startswith(n) for w in wheels)]
-    return f"docker/wheelhouse lacks {', '.join(m.rstrip('-') for m in missing)}" if missing else None
-
-
-def step_images(ctx: CheckContext) -> StepResult:
-    result = StepResult("images")
-    script = REPO / "docker" / "build_images.sh"
-    dockerfiles = sorted(p.name for p in (REPO / "docker").glob("*.cuda.Dockerfile"))
-    syntax = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
-    result.numbers = {"dockerfiles": dockerfiles, "build_script_syntax_ok": syntax.returncode == 0}
-    if syntax.returncode != 0 or len(dockerfiles) != 3:
-        result.reason = f"bash -n: {syntax.stderr.strip()}; cuda Dockerfiles: {dockerfiles}"
-        return result
-    if not ctx.cuda:
-        result.status = "SKIP"
-        result.reason = "dry run: build script parses, 3 cuda Dockerfiles present; no build on CPU"
-        return result
-    docker_ok = (
-        shutil.which("docker") and subprocess.run(["docker", "info"], capture_output=True).returncode == 0
-    )
-    problem = "no Docker daemon" if not docker_ok else cuda_wheelhouse_problem(REPO / "docker" / "wheelhouse")
-    if problem:
-        result.status = "SKIP"
-        result.reason = (
-            f"{problem}; make one with pip wheel --wheel-dir docker/wheelhouse torch==2.13.0 "
-            "'.[reward,rollout,vllm-cuda,trainer,quantization]' and run again"
-        )
-        return result
-    env = {
-        **os.environ,
-        "BASE_IMAGE_CUDA": os.environ.get("BASE_IMAGE_CUDA", "nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04"),
-    }
-    result.numbers["base_image"] = env["BASE_IMAGE_CUDA"]
-    try:
-        run = subprocess.run(
-            [str(script), "cuda"], cwd=REPO, env=env, capture_output=True, text=True, timeout=ctx.limit_s
-        )
-    except subprocess.TimeoutExpired:
-        result.reason = f"the build ran past {ctx.limit_s:.0f} s"
-        return result
-    sizes = subprocess.run(
-        ["docker", "images", "--format", "{{.Repository}}:{{.Tag}} {{.Size}}", "grpo-services/*:cuda"],
-        capture_output=True,
-        text=True,
-    )
-    result.numbers.update({"exit_code": run.returncode, "images": sizes.stdout.split("\n")[:-1]})
-    if run.returncode != 0:
-        result.reason = f"build failed: {run.stderr.strip()[-300:]}"
-    else:
-        result.status = "PASS"
-        result.reason = f"built {len(result.numbers['images'])} cuda images"
-    return result
-
-
 STEPS: dict[str, Callable[[CheckContext], StepResult]] = {
     "sleep-wake": step_sleep_wake,
     "qlora": step_qlora,
     "vllm-is": step_vllm_is,
     "weight-push": step_weight_push,
-    "images": step_images,
 }
 
 

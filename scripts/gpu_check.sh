@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check: vLLM sleep/wake (levels 1 and 2, a weight push after each wake), a 4-bit QLoRA step, a bf16
-# trainer with the vLLM engine and the IS correction, the NCCL weight push rate, the cuda images.
+# trainer with the vLLM engine and the IS correction, the NCCL weight push rate.
+# (The cuda images are built and checked without a GPU: make images-cuda, scripts/check_cuda_images.py.)
 #
 #   scripts/gpu_check.sh            on a CUDA machine; results in bench/results/gpu_check.json (< 10 min)
 #   scripts/gpu_check.sh --dry-run  the same steps on CPU (HF engine, unquantized, gloo, no image build);
