@@ -14,7 +14,7 @@ from reward_service.core.types import ComponentResult
 
 _FENCED_JSON = re.compile(r"```(?:json)?\s*\n(.*?)```", re.DOTALL)
 # The seed's partial-credit check compares primitive JSON types only.
-_PRIMITIVE = {
+_PRIMITIVE: dict[str, type | tuple[type, ...]] = {
     "string": str,
     "integer": int,
     "number": (int, float),

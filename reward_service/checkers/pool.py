@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, cast
 
 from reward_service.checkers import json_schema, worker
 from reward_service.checkers.options import TRL, MathVerifyOptions
@@ -107,6 +107,17 @@ class _Job:
                 result.set_result((None, error))
 
 
+def _set_once(ready: asyncio.Future[None]) -> None:
+    if not ready.done():
+        ready.set_result(None)
+
+
+def _kill_started(spawn: asyncio.Future[_Worker]) -> None:
+    """Kills the worker a cancelled start produced after all (if it did)."""
+    if not spawn.cancelled() and spawn.exception() is None:
+        spawn.result().kill()
+
+
 class _Worker:
     def __init__(self, settings: CheckerSettings):
         self.conn, child = _CONTEXT.Pipe()
@@ -126,7 +137,7 @@ class _Worker:
             loop = asyncio.get_running_loop()
             ready = loop.create_future()
             fd = self.conn.fileno()
-            loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+            loop.add_reader(fd, _set_once, ready)
             waiting: set[asyncio.Future[Any]] = {ready} if abandoned is None else {ready, abandoned}
             try:
                 await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -213,7 +224,7 @@ class CheckerPool:
         try:
             w = await asyncio.shield(spawn)
         except asyncio.CancelledError:  # the thread still finishes: kill what it starts
-            spawn.add_done_callback(lambda done: done.cancelled() or done.exception() or done.result().kill())
+            spawn.add_done_callback(_kill_started)
             raise
         try:
             if await w.receive(STARTUP_TIMEOUT_S) != "ready":
@@ -364,7 +375,7 @@ class CheckerPool:
                     head_started = time.monotonic()
                     allowed = STARTUP_TIMEOUT_S if reply == worker.IMPORTING else head.deadline_s
                     continue
-                value, error = reply  # type: ignore[misc]
+                value, error = cast(worker.Result, reply)
             except TimeoutError:
                 self._retire(
                     slot,

@@ -149,6 +149,7 @@ def value_bounds(task: str) -> dict[str, float]:
             widen(field.name, _default(field))
     if task in CURRICULA:
         for name, attribute in CURRICULA[task]().attributes.items():
+            names: tuple[str, ...]
             if isinstance(attribute, RangeAttributeDefinition):
                 names = (attribute.lower_field_name, attribute.upper_field_name)
             elif isinstance(attribute, ScalarAttributeDefinition):
