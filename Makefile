@@ -67,6 +67,7 @@ lint: $(STAMP) check-protos
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	./docker/cuda_lock.sh
+	./scripts/typecheck.sh
 
 # The container tests use the cpu images. Building them here, before pytest, keeps a first build (about
 # ten minutes on a clean machine) outside the per-test timeout; an up-to-date image is reused in seconds.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Type check with mypy (settings: [tool.mypy] in pyproject.toml) of the packages that are clean so far;
-# each package joins the list once mypy reports no error in it, and `make lint` runs this script once every
-# package of [tool.mypy] packages is here.
+# `make lint` runs it, so a clean package stays clean. A package joins the list once mypy reports no error
+# in it (trainer_service: about 150 errors left).
 #
 #   scripts/typecheck.sh [MYPY_ARGS...]      exit code 1 when mypy reports an error
 #
@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CLEAN_PACKAGES=(grpo_runtime tiny_models rollout_service)
+CLEAN_PACKAGES=(grpo_runtime tiny_models reward_service rollout_service)
 
 args=()
 for package in "${CLEAN_PACKAGES[@]}"; do
