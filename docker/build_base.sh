@@ -8,7 +8,7 @@
 set -euo pipefail
 
 IMAGE=${1:-grpo-services/base:bookworm}
-shift || true
+if [ $# -gt 0 ]; then shift; fi
 extra=$(IFS=,; echo "${*:-}")
 if docker image inspect "$IMAGE" >/dev/null 2>&1; then
     echo "$IMAGE exists"
