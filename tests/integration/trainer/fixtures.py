@@ -44,15 +44,17 @@ def run_config(
     tiny_models,
     train_file: Path,
     output: Path,
-    reward: str,
-    rollout: str | list[str],
+    reward_address: str,
+    rollout_address: str | list[str],
+    /,
     *,
     retry_timeout_s: float | None = None,
     **training,
 ) -> dict:
     """The run config of a short LoRA GRPO run on the tiny policy (4 completions per step, G = 2) against the
-    given reward and rollout addresses; ``training`` blocks override the defaults key by key."""
-    services: dict = {"reward": reward, "rollout": rollout}
+    given reward and rollout addresses; ``training`` blocks override the defaults key by key (the addresses
+    are positional-only, so a ``rollout`` block is a training override)."""
+    services: dict = {"reward": reward_address, "rollout": rollout_address}
     if retry_timeout_s is not None:
         services["retry_timeout_s"] = retry_timeout_s
     return {

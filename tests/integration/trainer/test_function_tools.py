@@ -85,7 +85,7 @@ def test_a_reward_service_without_the_functions_is_refused(tiny_models, train_fi
         with pytest.raises(ConfigError) as info:
             run_job(parse_config(raw))
     message = str(info.value)
-    assert message.startswith("training.tools: ") and "environments.functions.tools" in message
+    assert message.startswith("training.tools.functions: ") and "environments.functions.tools" in message
 
 
 def test_a_locally_started_reward_service_gets_the_functions_in_its_settings(tmp_path):
