@@ -89,7 +89,7 @@ def test_a_reward_service_without_the_functions_is_refused(tiny_models, train_fi
 
 
 def test_a_locally_started_reward_service_gets_the_functions_in_its_settings(tmp_path):
-    c = parse_config({"base": "m", "data": {"train": "t.jsonl"}, "training": {"tools": TOOLS}})
+    c = parse_config({"base": "m", "data": {"train": "t.jsonl"}, "training": {"tools": {"functions": TOOLS}}})
     with start_local_services(
         need_reward=True,
         need_rollout=False,
