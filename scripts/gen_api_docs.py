@@ -13,7 +13,6 @@ ones the shared runtime adds) and what to do about each: retry or not.
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from generated_file import write_or_check
 from google.protobuf import descriptor_pb2
 from grpc_tools import protoc
 from grpo.common.v1 import common_pb2
@@ -381,21 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when --out differs from the protos")
     args = parser.parse_args(argv)
     text = Renderer(compile_descriptors(args.proto_root.resolve())).render()
-    if args.check:
-        current = args.out.read_text() if args.out.exists() else ""
-        if current != text:
-            diff = difflib.unified_diff(
-                current.splitlines(keepends=True), text.splitlines(keepends=True), str(args.out), "generated"
-            )
-            sys.stderr.writelines(diff)
-            print(f"\n{args.out} is out of date; run: python scripts/gen_api_docs.py", file=sys.stderr)
-            return 1
-        print(f"{args.out} matches the protos")
-        return 0
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(f"wrote {args.out}")
-    return 0
+    return write_or_check(
+        args.out, text, check=args.check, command="python scripts/gen_api_docs.py", source="the protos"
+    )
 
 
 if __name__ == "__main__":

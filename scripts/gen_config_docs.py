@@ -11,7 +11,6 @@ of list entries are written ``environments[].name``. The old keys and where they
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import sys
 import types
@@ -19,6 +18,7 @@ import typing
 from pathlib import Path
 
 from annotated_types import Ge, Gt, Le, Lt, MaxLen, MinLen
+from generated_file import write_or_check
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
@@ -173,21 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when --out differs from the models")
     args = parser.parse_args(argv)
     text = render()
-    if args.check:
-        current = args.out.read_text() if args.out.exists() else ""
-        if current != text:
-            diff = difflib.unified_diff(
-                current.splitlines(keepends=True), text.splitlines(keepends=True), str(args.out), "generated"
-            )
-            sys.stderr.writelines(diff)
-            print(f"\n{args.out} is out of date; run: python scripts/gen_config_docs.py", file=sys.stderr)
-            return 1
-        print(f"{args.out} matches the config models")
-        return 0
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(f"wrote {args.out}")
-    return 0
+    return write_or_check(
+        args.out,
+        text,
+        check=args.check,
+        command="python scripts/gen_config_docs.py",
+        source="the config models",
+    )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ API_MD = REPO_ROOT / "docs" / "api.md"
 FILES = (reward_pb2, rollout_pb2, trainer_pb2)
 
 
-def _load_generator():
+def _load_generator(monkeypatch):
+    # The script imports its sibling modules from its own directory, as when run as a script.
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("gen_api_docs", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     # dataclasses look their module up in sys.modules while the class body runs.
@@ -38,10 +40,10 @@ def test_checked_in_api_reference_matches_the_protos():
     assert result.returncode == 0, f"run `python scripts/gen_api_docs.py`:\n{result.stderr[-3000:]}"
 
 
-def test_check_mode_fails_on_a_stale_reference(tmp_path):
+def test_check_mode_fails_on_a_stale_reference(tmp_path, monkeypatch):
     stale = tmp_path / "api.md"
     stale.write_text(API_MD.read_text().replace("Scores every sample", "Scores some samples"))
-    generator = _load_generator()
+    generator = _load_generator(monkeypatch)
     assert generator.main(["--check", "--out", str(stale)]) == 1
     assert generator.main(["--out", str(stale)]) == 0
     assert stale.read_text() == API_MD.read_text()
