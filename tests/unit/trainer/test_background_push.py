@@ -9,32 +9,27 @@ from __future__ import annotations
 
 import logging
 import threading
-from types import SimpleNamespace
 
 import grpc
 import pytest
 import torch
 
 from grpo_runtime.call_errors import InvalidArgumentError, UnavailableError
+from tests.support.one_replica import ADDRESS, OneReplica, ServingReplica, trainer_with
 from trainer_service.rollout.policy_versions import WeightPushError
 from trainer_service.rollout.replicas import ReplicaAddress, RolloutUnavailable
 from trainer_service.rollout.weight_sync import WeightSync, WeightSyncCallback
 
-ADDRESS = "127.0.0.1:50052"
 
-
-class GatedReplica:
+class GatedReplica(ServingReplica):
     """One replica whose PushWeights waits for ``gate`` and then applies the version or raises ``error``."""
 
     def __init__(self) -> None:
-        self.version = 0
+        super().__init__()
         self.gate = threading.Event()
         self.entered = threading.Event()
         self.error: Exception | None = None
         self.pushed: list[tuple[int, bytes]] = []
-
-    def status(self) -> SimpleNamespace:
-        return SimpleNamespace(policy_version=self.version, weights_valid=True)
 
     def push_weights(self, payload, version, fmt, adapter_config) -> None:
         self.entered.set()
@@ -43,32 +38,6 @@ class GatedReplica:
             raise self.error
         self.pushed.append((version, payload.to_bytes()))
         self.version = version
-
-
-class OneReplica:
-    """The replica set of :class:`~trainer_service.replicas.RolloutReplicas` with one member."""
-
-    def __init__(self, replica: GatedReplica):
-        self.replica = replica
-        self.targets = [ADDRESS]
-
-    def refresh(self) -> list[ReplicaAddress]:
-        return [ReplicaAddress(ADDRESS)]
-
-    def client(self, address: str) -> GatedReplica:
-        return self.replica
-
-
-def trainer_with(model: torch.nn.Module) -> SimpleNamespace:
-    accelerator = SimpleNamespace(
-        num_processes=1,
-        is_main_process=True,
-        is_fsdp2=False,
-        get_state_dict=lambda m: m.state_dict(),
-        unwrap_model=lambda m: m,
-        wait_for_everyone=lambda: None,
-    )
-    return SimpleNamespace(accelerator=accelerator, model=model, model_wrapped=None)
 
 
 @pytest.fixture

@@ -3,30 +3,24 @@ the calls in order (the real services run the same path in the sleep-mode traini
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import grpc
 import pytest
 import torch
 
 from grpo_runtime.call_errors import InvalidArgumentError
+from tests.support.one_replica import ADDRESS, OneReplica, ServingReplica, trainer_with
 from trainer_service.rollout.policy_versions import WeightPushError
 from trainer_service.rollout.replicas import ReplicaAddress
 from trainer_service.rollout.weight_sync import WeightSync
 
-ADDRESS = "127.0.0.1:50052"
 
-
-class SleepyReplica:
+class SleepyReplica(ServingReplica):
     """One replica that records wake, push and sleep calls; it serves ``version``."""
 
     def __init__(self, version: int = 0) -> None:
-        self.version = version
+        super().__init__(version)
         self.calls: list[str] = []
         self.refuse = False
-
-    def status(self) -> SimpleNamespace:
-        return SimpleNamespace(policy_version=self.version, weights_valid=True)
 
     def wake_up(self) -> None:
         self.calls.append("wake")
@@ -39,30 +33,6 @@ class SleepyReplica:
 
     def sleep(self, level: int) -> None:
         self.calls.append(f"sleep {level}")
-
-
-class OneReplica:
-    def __init__(self, replica: SleepyReplica):
-        self.replica = replica
-        self.targets = [ADDRESS]
-
-    def refresh(self) -> list[ReplicaAddress]:
-        return [ReplicaAddress(ADDRESS)]
-
-    def client(self, address: str) -> SleepyReplica:
-        return self.replica
-
-
-def trainer_with(model: torch.nn.Module) -> SimpleNamespace:
-    accelerator = SimpleNamespace(
-        num_processes=1,
-        is_main_process=True,
-        is_fsdp2=False,
-        get_state_dict=lambda m: m.state_dict(),
-        unwrap_model=lambda m: m,
-        wait_for_everyone=lambda: None,
-    )
-    return SimpleNamespace(accelerator=accelerator, model=model, model_wrapped=None)
 
 
 def test_each_generation_wakes_pushes_generates_and_sleeps_at_the_level():
