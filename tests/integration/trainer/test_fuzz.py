@@ -1,6 +1,6 @@
 """Property-based fuzzing of every TrainerService RPC against a real server on loopback: random YAML text,
-random run configs (real keys, hostile values and paths), random run ids. Every answer is OK or a client-error
-status (never INTERNAL or UNKNOWN), and the server stays SERVING.
+random run configs (real keys down to the leaves of every block, hostile values and paths), random run ids.
+Every answer is OK or a client-error status (never INTERNAL or UNKNOWN), and the server stays SERVING.
 
 No fuzzed run trains: the service allows one live run and a "blocker" run holds that slot for the whole
 module (its reward service is a closed loopback port it keeps retrying), so a StartRun that passes every check
@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from grpo_runtime.client import create_sync_channel
 from tests.integration.trainer.fixtures import confined_settings
 from tests.support.server_thread import server_thread
+from trainer_service.config.key_paths import config_keys
 from trainer_service.config.training import TrainingConfig
 from trainer_service.local.launcher import free_port
 from trainer_service.server import build
@@ -46,6 +47,10 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 CLOSED = f"127.0.0.1:{free_port()}"  # nothing listens here
+# The keys of the training block as dotted paths inside it: those that hold a value
+# (``optimizer.learning_rate``, ``tools.environments[].name``) and the blocks that hold them.
+TRAINING_LEAF_KEYS = sorted(key.path for key in config_keys(TrainingConfig) if key.block is None)
+TRAINING_BLOCK_KEYS = sorted(key.path for key in config_keys(TrainingConfig) if key.block is not None)
 
 
 @pytest.fixture(scope="module")
@@ -127,14 +132,26 @@ def paths(root: Path):
     ) | st.text(max_size=40)
 
 
+def set_key(config: dict, path: str, value: object) -> None:
+    """Set the dotted ``path`` in ``config``, making the blocks on the way; ``name[]`` is the first entry of
+    the list ``name`` (``tools.environments[].name`` → ``{"tools": {"environments": [{"name": value}]}}``)."""
+    *parents, leaf = path.split(".")
+    node = config
+    for name in parents:
+        node = node.setdefault(name[:-2], [{}])[0] if name.endswith("[]") else node.setdefault(name, {})
+    node[leaf] = value
+
+
 @st.composite
 def run_configs(draw, root: Path) -> dict:
-    """A config with the real keys (a random subset of training keys) and random values."""
-    fields = sorted(TrainingConfig.model_fields)
-    training = {
-        key: draw(trees | st.sampled_from([0, 1, -1, 0.5, 1e300, "standard"]))
-        for key in draw(st.lists(st.sampled_from(fields), max_size=6, unique=True))
-    }
+    """A config with the real keys (a random subset of the training block's leaf keys, maybe a whole block)
+    and random values."""
+    values = trees | st.sampled_from([0, 1, -1, 0.5, 1e300, "standard"])
+    training: dict = {}
+    for path in draw(st.lists(st.sampled_from(TRAINING_LEAF_KEYS), max_size=6, unique=True)):
+        set_key(training, path, draw(values))
+    if draw(st.booleans()):
+        set_key(training, draw(st.sampled_from(TRAINING_BLOCK_KEYS)), draw(values))  # a block as one value
     config = {
         "base": draw(paths(root)),
         "output": draw(paths(root)),
