@@ -15,9 +15,10 @@ from accelerate import PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
 from grpo_runtime.config import ConfigError
+from trainer_service.training.trainer_host import GRPOTrainerHost
 
 
-class CpuFsdpMixin:
+class CpuFsdpMixin(GRPOTrainerHost):
     """A ``transformers.Trainer`` mixin: a multi-process CPU run with FSDP arguments trains with FSDP2."""
 
     def create_accelerator_and_postprocess(self) -> None:

@@ -43,6 +43,8 @@ from typing import Any
 import torch
 from trl.trainer.utils import nanstd
 
+from trainer_service.training.trainer_host import GRPOTrainerHost
+
 # Batch keys whose rows are left-padded (TRL pads prompts on the left, completions on the right).
 _LEFT_PADDED = frozenset({"prompt_ids", "prompt_mask"})
 # Padding of the right-padded keys beyond a row's completion (never read: completion_mask is 0 there).
@@ -131,9 +133,10 @@ def merge_groups(
                 merged[key] = None
                 continue
             raise ValueError(f"batch key {key!r} is present in some generation rounds only")
-        if not all(isinstance(value, torch.Tensor) and value.ndim in (1, 2) for value in values):
+        tensors = [value for value in values if isinstance(value, torch.Tensor) and value.ndim in (1, 2)]
+        if len(tensors) < len(values):
             raise ValueError(f"dynamic sampling cannot merge batch key {key!r} (not a per-sample tensor)")
-        rows = [values[r][g * group_size : (g + 1) * group_size] for r, g in picks]
+        rows = [tensors[r][g * group_size : (g + 1) * group_size] for r, g in picks]
         if rows[0].ndim == 2:
             width = max(row.size(1) for row in rows)
             fill = pad_token_id if key in _ID_KEYS else _PAD_VALUES.get(key, 0)
@@ -153,7 +156,7 @@ def draw_prompts(dataset_size: int, count: int, seed: int) -> list[int]:
     return [order[i % dataset_size] for i in range(count)]
 
 
-class DynamicSamplingMixin:
+class DynamicSamplingMixin(GRPOTrainerHost):
     """``_generate_and_score_completions`` with DAPO's dynamic sampling (module docstring), for a
     ``trl.GRPOTrainer`` subclass: ``GRPOTrainer(..., dynamic_sampling=DynamicSamplingSettings(...) | None)``.
 

@@ -19,6 +19,8 @@ from accelerate.utils import is_peft_model
 from datasets import Dataset
 from huggingface_hub import ModelCard, ModelCardData
 
+from trainer_service.training.trainer_host import GRPOTrainerHost
+
 README_FILE = "README.md"
 DEFAULT_MESSAGES = ({"role": "user", "content": "What is 7 + 4?"},)
 # A training prompt is caller-written text placed inside a Markdown code fence: short, and no backquotes.
@@ -123,7 +125,7 @@ def build_model_card(
     return ModelCard(body + "\n")
 
 
-class ModelCardMixin:
+class ModelCardMixin(GRPOTrainerHost):
     """Replaces TRL's `create_model_card` (called at every checkpoint and on push) with `build_model_card`.
 
     The base is the path or Hub id the policy was loaded from (the run config's ``base``).

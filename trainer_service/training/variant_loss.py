@@ -36,6 +36,7 @@ from trainer_service.training.importance_sampling import (
     ImportanceSamplingPlan,
     importance_ratio_deviation,
 )
+from trainer_service.training.trainer_host import GRPOTrainerHost
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ def loss_params_from_args(args: GRPOConfig, epsilon_low: float, epsilon_high: fl
     )
 
 
-class VariantLossMixin:
+class VariantLossMixin(GRPOTrainerHost):
     """`_compute_loss` for a `GRPOTrainer` subclass; the class attribute `grpo_variant` selects the variant.
 
     Mirrors TRL 1.16 `GRPOTrainer._compute_loss` step by step, with the policy term and aggregation replaced
@@ -308,6 +309,7 @@ class VariantLossMixin:
             compute_aux_loss=self.aux_loss_enabled,
             **{key: inputs.get(key) for key in _FORWARD_KEYS},
         )
+        assert entropies is not None  # compute_entropy=True
 
         entropy_mask = (
             self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
@@ -341,6 +343,7 @@ class VariantLossMixin:
         if self._entropy_bonus_enabled:
             loss = self._add_entropy_bonus(loss, entropies, mask, entropy_mask, policy_loss, mode)
         if self.aux_loss_enabled:
+            assert aux_loss is not None  # compute_aux_loss=self.aux_loss_enabled
             loss = self._add_aux_loss(loss, aux_loss, mode)
         self._log_loss_metrics(mode, spec, mask, entropies, advantages, policy, per_token_kl)
         return loss
@@ -537,6 +540,7 @@ class VariantLossMixin:
         if spec.clip_metrics == "ppo":
             low, high = self.epsilon_low, self.epsilon_high
             if spec.delta_role == "half_width":  # two_sided clips symmetrically at δ
+                assert self.args.delta is not None  # two_sided's policy term refused a config without it
                 low = high = self.args.delta
             is_low = (ratio < 1 - low) & (advantages < 0)
             is_high = (ratio > 1 + high) & (advantages > 0)
