@@ -107,8 +107,8 @@ def demo(argv: Sequence[str]) -> int:
         reward_settings=local_reward_settings(config),
     ) as local:
         raw.setdefault("services", {})
-        raw["services"]["reward"] = config.services.reward or local.reward.target
-        raw["services"]["rollout"] = config.services.rollout or local.rollout.target
+        raw["services"]["reward"] = config.services.reward or local.reward_target
+        raw["services"]["rollout"] = config.services.rollout or local.rollout_target
         settings_file = log_dir / "trainer.yaml"
         settings_file.write_text(yaml.safe_dump(_demo_trainer_settings(config)))
         trainer = spawn_service("trainer_service", ["--config", str(settings_file)], log_dir=log_dir)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from grpo_runtime.call_errors import ServiceCallError
 from grpo_runtime.client import ChannelConfig, ServiceClient
@@ -103,6 +104,7 @@ def spawn_service(
     target = f"127.0.0.1:{port}"
     child_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
     log_path = None
+    stream: IO[bytes] | int
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{module}.log"
@@ -134,6 +136,20 @@ class LocalServices:
     reward: ServiceProcess | None = None
     rollout: ServiceProcess | None = None
     weight_shm_dir: Path | None = None  # the rollout service's, removed on close
+
+    @property
+    def reward_target(self) -> str:
+        """``host:port`` of the reward service started here (ValueError when none was)."""
+        if self.reward is None:
+            raise ValueError("no reward service was started here")
+        return self.reward.target
+
+    @property
+    def rollout_target(self) -> str:
+        """``host:port`` of the rollout service started here (ValueError when none was)."""
+        if self.rollout is None:
+            raise ValueError("no rollout service was started here")
+        return self.rollout.target
 
     def __enter__(self) -> LocalServices:
         return self

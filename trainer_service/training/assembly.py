@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+from torch.utils.data import Sampler
 from transformers import PreTrainedTokenizerBase, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 from trl import GRPOConfig, GRPOTrainer
@@ -218,7 +219,7 @@ def build_rollout(
     stack.callback(replicas.close)
     sync = build_weight_sync(config, settings.device, replicas)
     stack.callback(sync.close)
-    func: ServiceRollout | AsyncServiceRollout = ServiceRollout(
+    service_rollout = ServiceRollout(
         replicas,
         sync,
         SamplingConfig.from_run(config),
@@ -226,12 +227,15 @@ def build_rollout(
         retry_timeout_s=config.services.retry_timeout_s,
         episodes=episodes,
     )
+    func: ServiceRollout | AsyncServiceRollout = service_rollout
     if t.rollout.async_rollout:
         cores = None
         if shares_cores_with_rollout(config, settings.device.type, endpoints.rollout.target):
             cores = CoreBorrowing(share=overlap_threads()[0], total=cpu_cores())
             stack.callback(cores.detach)
-        func = AsyncServiceRollout(func, t.rollout.max_staleness, cores, partial=t.rollout.partial_rollouts)
+        func = AsyncServiceRollout(
+            service_rollout, t.rollout.max_staleness, cores, partial=t.rollout.partial_rollouts
+        )
     return Rollout(replicas=replicas, sync=sync, func=func)
 
 
@@ -319,7 +323,7 @@ def build_callbacks(
     curriculum = objective.curriculum
     metrics = MetricsCallback(config.output_dir, sink, extra=progress_metrics(rollout, curriculum))
     optional = [evaluation, guard, CurriculumCallback(curriculum) if curriculum is not None else None]
-    binders = [part.bind for part in (sync_callback, evaluation, guard) if part is not None]
+    binders: list[Binder] = [part.bind for part in (sync_callback, evaluation, guard) if part is not None]
     return Callbacks(
         ordered=[sync_callback, metrics, *(part for part in optional if part is not None), stop],
         stop=stop,
@@ -333,11 +337,11 @@ def build_trainer(
 ) -> GRPOTrainer:
     """The loss-variant trainer built from the parts, bound to its collaborators by its constructor."""
     func = rollout.func
-    prefetching = isinstance(func, AsyncServiceRollout)
+    prefetching = func if isinstance(func, AsyncServiceRollout) else None
     curriculum = objective.curriculum
     # The curriculum draws the prompts; async rollout records what it drew (to know the next batch's prompts).
-    wrappers = [curriculum.wrap] if curriculum is not None else []
-    wrappers += [func.record] if prefetching else []
+    wrappers: list[Callable[[Sampler], Sampler]] = [curriculum.wrap] if curriculum is not None else []
+    wrappers += [prefetching.record] if prefetching is not None else []
     trainer_cls = with_model_card(
         make_variant_trainer(config.training.loss.variant, WrappedSamplerTrainer if wrappers else GRPOTrainer)
     )
@@ -354,7 +358,7 @@ def build_trainer(
         dynamic_sampling=objective.dynamic_sampling,
         callbacks=callbacks.ordered,
         # Async rollout reads prompts from the train dataset and lends cores to the trainer's model.
-        binders=[*callbacks.binders, *([func.attach] if prefetching else [])],
+        binders=[*callbacks.binders, *([prefetching.attach] if prefetching is not None else [])],
     )
     # Our progress bar / events replace TRL's printed log dicts.
     trainer.remove_callback(PrinterCallback)

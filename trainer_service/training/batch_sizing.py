@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import psutil
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from trainer_service.config.auto_batch import BatchSizeChoice, BatchSizingInputs, choose_batch_size
 from trainer_service.config.run_config import ConfigError, RunConfig
@@ -39,7 +39,7 @@ class ModelShape:
     vocab_size: int
 
 
-def _lora_parameters(model: torch.nn.Module, config: RunConfig) -> int:
+def _lora_parameters(model: PreTrainedModel, config: RunConfig) -> int:
     lora = config.training.model.lora
     output = model.get_output_embeddings()
     total = 0

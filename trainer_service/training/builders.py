@@ -117,7 +117,8 @@ def build_model(config: RunConfig, device: Device) -> torch.nn.Module:
         return model
     adapter = PeftLoraConfig(
         r=t.model.lora.r,
-        lora_alpha=t.model.lora.alpha,
+        # PEFT annotates lora_alpha as int, but only divides it by r (or √r): a float α scales the same.
+        lora_alpha=t.model.lora.alpha,  # type: ignore[arg-type]
         lora_dropout=t.model.lora.dropout,
         target_modules=t.model.lora.target_modules,
         use_dora=t.model.lora.use_dora,
@@ -178,9 +179,22 @@ def _reward_weights(config: RunConfig) -> list[float] | None:
     return weights if any(w != 1.0 for w in weights) else None
 
 
+def _resolved_batch_size(config: RunConfig) -> int:
+    """``per_device_train_batch_size``, which `resolve_batch_size` has turned from "auto" into a number."""
+    size = config.training.optimizer.per_device_train_batch_size
+    if size == "auto":
+        raise ConfigError(
+            "'auto' must be resolved (resolve_batch_size) before the GRPOConfig is built",
+            key="training.optimizer.per_device_train_batch_size",
+        )
+    return size
+
+
 def build_grpo_config(config: RunConfig, device: Device) -> GRPOConfig:
-    """TRL's GRPOConfig from the run config (the variant decides the loss fields)."""
+    """TRL's GRPOConfig from the run config (the variant decides the loss fields); its batch size must be
+    resolved (`resolve_batch_size`)."""
     t = config.training
+    batch_size = _resolved_batch_size(config)
     overrides = grpo_config_overrides(
         t.loss.variant,
         grpo_delta=t.loss.delta,
@@ -199,8 +213,8 @@ def build_grpo_config(config: RunConfig, device: Device) -> GRPOConfig:
         weight_decay=t.optimizer.weight_decay,
         max_grad_norm=t.optimizer.max_grad_norm,
         optim=t.optimizer.optim,
-        per_device_train_batch_size=t.optimizer.per_device_train_batch_size,
-        per_device_eval_batch_size=t.optimizer.per_device_train_batch_size,
+        per_device_train_batch_size=batch_size,
+        per_device_eval_batch_size=batch_size,
         gradient_accumulation_steps=t.optimizer.gradient_accumulation_steps,
         num_generations=t.generation.num_generations,
         beta=t.loss.beta,

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 from transformers import TrainerCallback
+from trl.trainer.utils import RepeatSampler
 
 from grpo_runtime.prompt_groups import prompt_key
 from trainer_service.config.curriculum import CurriculumConfig
@@ -102,6 +103,8 @@ class Curriculum:
 
     def wrap(self, sampler: Sampler) -> CurriculumSampler:
         """The trainer's ``wrap_sampler``: TRL's RepeatSampler replaced by the weighted one."""
+        if not isinstance(sampler, RepeatSampler):
+            raise TypeError(f"the curriculum replaces TRL's RepeatSampler, got {type(sampler).__name__}")
         return CurriculumSampler(sampler, self)
 
 
@@ -109,7 +112,7 @@ class CurriculumSampler(Sampler):
     """TRL's ``RepeatSampler`` layout with weighted chunks (reads ``mini_repeat_count``, ``batch_size``,
     ``repeat_count``, ``num_samples`` and ``generator`` of the sampler it replaces)."""
 
-    def __init__(self, inner: Sampler, curriculum: Curriculum):
+    def __init__(self, inner: RepeatSampler, curriculum: Curriculum):
         self.inner = inner
         self.curriculum = curriculum
 
@@ -127,7 +130,7 @@ class CurriculumSampler(Sampler):
                         yield index
 
     def __len__(self) -> int:
-        return len(self.inner)  # type: ignore[arg-type]
+        return len(self.inner)
 
 
 class CurriculumCallback(TrainerCallback):

@@ -79,8 +79,8 @@ class GuardCallback(TrainerCallback):
         self._flagged: set[int] = set()  # steps where a guard fired: their checkpoints are not "good"
         self._good_checkpoints: list[tuple[int, Path]] = []  # (step, path), oldest first
         self._restored_at: dict[int, int] = {}  # rollback step → step of the checkpoint it restored
-        self._base_lrs: list[float] | None = None
-        self._base_beta: float | None = None
+        # (each param group's lr, β) before the first rollback: every rollback scales these.
+        self._base_rates: tuple[list[float], float] | None = None
 
     def bind(self, trainer: Any) -> None:
         """Roll back and read the optimizer of ``trainer`` (called once, by its constructor)."""
@@ -152,19 +152,19 @@ class GuardCallback(TrainerCallback):
         """Weights, optimizer and scheduler from ``checkpoint``; lr and β scaled by the rollback count."""
         trainer = self.trainer
         rollback = self.guards.config.rollback
-        if self._base_lrs is None:
-            self._base_lrs = list(trainer.lr_scheduler.base_lrs)
-            self._base_beta = float(trainer.beta)
+        if self._base_rates is None:
+            self._base_rates = (list(trainer.lr_scheduler.base_lrs), float(trainer.beta))
+        base_lrs, base_beta = self._base_rates
         trainer._load_from_checkpoint(str(checkpoint))
         trainer._load_optimizer_and_scheduler(str(checkpoint))
         # The scheduler recomputes every group's lr from base_lrs at each step (LambdaLR and its kin); the
         # checkpoint's own lr (base × schedule) is rescaled to the new base now.
-        scaled = [lr * rollback.lr_factor**self.guards.rollbacks for lr in self._base_lrs]
+        scaled = [lr * rollback.lr_factor**self.guards.rollbacks for lr in base_lrs]
         loaded = list(trainer.lr_scheduler.base_lrs)
         for group, old_base, new_base in zip(trainer.optimizer.param_groups, loaded, scaled, strict=True):
             group["lr"] = group["lr"] * new_base / old_base if old_base else new_base
         trainer.lr_scheduler.base_lrs = scaled
-        trainer.beta = self._base_beta * rollback.beta_factor**self.guards.rollbacks
+        trainer.beta = base_beta * rollback.beta_factor**self.guards.rollbacks
         # The rollout service holds the rejected step's weights: give it the restored ones.
         self.sync.after_optimizer_step(trainer)
 

@@ -153,8 +153,8 @@ def resolve_services(
         reward_settings=local_reward_settings(config),
     )
     stack.callback(local.close)
-    reward = s.reward if s.reward is not None else local.reward.target
-    rollout = s.rollout if s.rollout is not None else [local.rollout.target]
+    reward = s.reward if s.reward is not None else local.reward_target
+    rollout = s.rollout if s.rollout is not None else [local.rollout_target]
     return channel_configs(config, settings, reward, rollout)
 
 

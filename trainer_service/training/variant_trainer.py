@@ -40,4 +40,5 @@ def make_variant_trainer(variant: str, base: type = GRPOTrainer) -> type:
     """
     if not (isinstance(base, type) and issubclass(base, GRPOTrainer)):
         raise TypeError(f"base must be a trl.GRPOTrainer subclass, got {base!r}")
-    return _variant_class(normalize_variant(variant), base)
+    # A class is hashable; mypy reads type[X] as not Hashable, the cache's argument type (python/mypy#11470).
+    return _variant_class(normalize_variant(variant), base)  # type: ignore[arg-type]
