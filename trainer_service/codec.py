@@ -25,7 +25,7 @@ _STATES = {
 
 
 # ------------------------------------------------------------------ RunState
-def encode_run_state(state: RunState) -> int:
+def encode_run_state(state: RunState) -> trainer_pb2.RunState:
     return _STATES[state]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -51,7 +52,7 @@ class ProgressSink:
 
     def __call__(self, event: JobEvent) -> None:
         total = event.total_steps or None
-        fields = {}
+        fields: dict[str, Any] = {}  # rich task fields, as Progress.update takes them
         if "reward" in event.metrics:
             fields["reward"] = _fmt(event.metrics.get("reward"))
         if "loss" in event.metrics:

@@ -232,6 +232,7 @@ class AsyncServiceRollout:
             self.stats.stale_dropped += len(completions)
             return None
         current = sync.current_version if sync.enabled else sync.follow_service_version(trainer)
+        assert current is not None  # sync on: the last push's version (settled, or still streaming)
         if self.partial:
             return self._bounded_per_token(completions, int(current), prompts, trainer)
         versions = [int(c.policy_version) for c in completions]

@@ -70,6 +70,7 @@ def gather_full_tensors(tensors: Mapping[str, torch.Tensor], *, keep: bool) -> S
         if id(tensor) not in gathered:
             full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor.detach()
             gathered[id(tensor)] = full if keep else None
-        if keep:
-            result[name] = gathered[id(tensor)]
+        kept = gathered[id(tensor)]
+        if kept is not None:
+            result[name] = kept
     return result

@@ -22,6 +22,7 @@ replica.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -211,16 +212,15 @@ class ServiceRollout:
         clients = [self.client.client(replica.address) for replica in replicas[: len(bounds)]]
         outcomes = settle(
             [
-                lambda client=client, shard=shard, size=end - start: _generate_shard(
-                    client, shard, size, partial
-                )
+                functools.partial(_generate_shard, client, shard, end - start, partial)
                 for client, shard, (start, end) in zip(clients, shards, bounds, strict=True)
             ]
         )
         error = first_error(outcomes)
         if error is not None:
             raise error
-        return merge_shards(outcomes, bounds, counts)
+        shard_completions = [outcome for outcome in outcomes if not isinstance(outcome, Exception)]
+        return merge_shards(shard_completions, bounds, counts)
 
     def _requests(self, runs: list[tuple[Any, int]], step: int) -> list[_Request]:
         """One request per distinct group size of ``runs``; normally every run has G prompts → one."""
@@ -264,7 +264,7 @@ class ServiceRollout:
                 tokens, logprobs = len(completion.token_ids), len(completion.logprobs)
                 raise RuntimeError(f"completion {index} has {tokens} tokens but {logprobs} logprobs")
         self.last_versions = [int(c.policy_version) for c in completions]
-        out = {
+        out: dict[str, list] = {
             "prompt_ids": [[int(t) for t in c.prompt_token_ids] for c in completions],
             "completion_ids": [[int(t) for t in c.token_ids] for c in completions],
             "logprobs": [[float(x) for x in c.logprobs] for c in completions],

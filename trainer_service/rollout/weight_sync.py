@@ -194,7 +194,7 @@ class WeightSync:
         self.settle_transfer()
         if self.sleep_mode:
             with self.engine_sleep.awake(trainer, lambda woken: self._weights_after_wake(trainer, woken)):
-                yield self.current_version
+                yield self._prepared_version()
             return
         if not self.enabled:
             # Sync off: the replicas keep whatever they serve; expect their version as it is now.
@@ -210,7 +210,14 @@ class WeightSync:
                 self.push(trainer)
             else:
                 self.versions.set_ready(trainer, members)
-        yield self.current_version
+        yield self._prepared_version()
+
+    def _prepared_version(self) -> int:
+        """``current_version`` once :meth:`generation` has prepared the replicas: the push or status read
+        there set it (or raised)."""
+        version = self.current_version
+        assert version is not None
+        return version
 
     def _weights_after_wake(self, trainer: Any, woken: list[ReplicaAddress]) -> None:
         """Sleep mode: push to the members just woken (sync on), or learn their version once (sync off)."""

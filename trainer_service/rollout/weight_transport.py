@@ -15,6 +15,7 @@ again at the next push. Buckets: :func:`rollout_service.weight_plane.buckets.pla
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -340,7 +341,7 @@ class WeightTransports:
         """Close the replicas' channels, leave the group and delete the bucket files (the replicas keep
         serving; a replica that does not answer drops its mappings at its next push or stop)."""
         opened, self._open = self._open, {}
-        settle([lambda c=client: c.close_weight_channel(timeout_s=10) for client in opened.values()])
+        settle([functools.partial(client.close_weight_channel, timeout_s=10) for client in opened.values()])
         self._close_group()
         files, self._files = self._files, {}
         for bucket_files in files.values():
