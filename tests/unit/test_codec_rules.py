@@ -23,8 +23,9 @@ CODECS = {
     "trainer_service": ("codec.py",),
 }
 SERVICERS = {"reward_service": "reward.py", "rollout_service": "rollout.py", "trainer_service": "trainer.py"}
-# grpo_runtime's codecs: the environment contract's, and the Struct reader every codec reads requests with.
-RUNTIME_CODECS = ("grpo_runtime/env_codec.py", "grpo_runtime/struct_codec.py")
+# grpo_runtime's codecs: the agent and environment contracts', and the Struct reader every codec reads
+# requests with.
+RUNTIME_CODECS = ("grpo_runtime/agent_codec.py", "grpo_runtime/env_codec.py", "grpo_runtime/struct_codec.py")
 
 
 def imported_modules(path: Path) -> set[str]:
