@@ -111,6 +111,7 @@ WEIGHT_CODEC = "rollout_service.weight_codec"
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
+    "AgentTrajectory",
     "BroadcastGroup",
     "BucketFiles",
     "BucketPlan",

@@ -227,6 +227,7 @@ def _cross_field_errors(config: RunConfig) -> Problems:
         )
     yield from _objective_errors(config)
     yield from _guard_errors(config)
+    yield from _agent_errors(config)
     evaluation = t.evaluation
     if evaluation.eval_steps and config.data.eval is None:
         yield "training.evaluation.eval_steps", "needs a held-out split in data.eval to evaluate on"
@@ -275,6 +276,30 @@ def _objective_errors(config: RunConfig) -> Problems:
             "from other weights than the trainer trains); set it false (or training.rollout.weight_sync: "
             "false)",
         )
+
+
+def _agent_errors(config: RunConfig) -> Problems:
+    """Agent episodes need one rollout replica whose gateway the agent reaches, no tool episodes, and sync
+    training without held-out evaluation or dynamic sampling (not built for agents yet)."""
+    if config.training.agents is None:
+        return
+    if config.training.tools.episode_environments:
+        yield "training.agents", "cannot be combined with training.tools (the agent runs its own tools)"
+    if config.services.rollout is None or len(config.services.rollout) != 1:
+        yield (
+            "services.rollout",
+            "training.agents needs exactly one rollout service address, the one serving "
+            "training.agents.gateway_url (a session lives on one replica)",
+        )
+    t = config.training
+    not_yet = {
+        "training.rollout.async_rollout": t.rollout.async_rollout,
+        "training.sampling.dynamic_sampling": t.sampling.dynamic_sampling is not None,
+        "training.evaluation.eval_steps": bool(t.evaluation.eval_steps),
+    }
+    for key, enabled in not_yet.items():
+        if enabled:
+            yield key, "is not supported with training.agents yet (agent episodes run in sync mode only)"
 
 
 def _guard_errors(config: RunConfig) -> Problems:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from trainer_service.config.agents import AgentsConfig
 from trainer_service.config.curriculum import CurriculumConfig
 from trainer_service.config.fields import FiniteParams, StrictModel
 from trainer_service.config.guards import GuardsConfig
@@ -308,6 +309,11 @@ class TrainingConfig(StrictModel):
         default_factory=EvaluationConfig, description=EvaluationConfig.__doc__
     )
     tools: ToolsConfig = Field(default_factory=ToolsConfig, description=ToolsConfig.__doc__)
+    agents: AgentsConfig | None = Field(
+        default=None,
+        description="Agents as rollout workers (grpo.agent.v1.AgentService) through the rollout service's "
+        "OpenAI gateway; None = the policy generates through the rollout service alone.",
+    )
 
     @field_validator("report_to")
     @classmethod

@@ -14,8 +14,8 @@ worker starts:
 - ``base``, ``services.rollout_model``: a directory inside one of ``model_roots``, or, when the value names no
   existing path, a hub id (``NAME`` or ``ORG/NAME``);
 - ``services.admin_token_file``, ``services.tls_ca_file``: regular files inside one of ``secret_roots``;
-- a ``unix:PATH`` service address (``services.reward``, ``services.rollout[i]``, ``services.environment``):
-  inside one of ``socket_roots``;
+- a ``unix:PATH`` service address (``services.reward``, ``services.rollout[i]``, ``services.environment``,
+  ``training.agents.target``): inside one of ``socket_roots``;
 - ``training.tools.functions[i]`` (``module:function``, imported by the reward service a run starts):
   listed in ``allowed_tools``; ``training.report_to`` (each integration imports its package): listed in
   ``allowed_report_to`` or ``none``.
@@ -242,6 +242,8 @@ def _sockets(config: RunConfig, roots: RunRoots) -> None:
     s = config.services
     addresses = {"services.reward": s.reward, "services.environment": s.environment}
     addresses |= {f"services.rollout[{index}]": target for index, target in enumerate(s.rollout or [])}
+    if config.training.agents is not None:
+        addresses["training.agents.target"] = config.training.agents.target
     for key, target in addresses.items():
         socket = unix_socket_path(target) if target is not None else None
         if socket is not None:

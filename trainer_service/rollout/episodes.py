@@ -31,14 +31,14 @@ def prompt_key(prompt: Any) -> str:
     return json.dumps(prompt, sort_keys=True, default=str)
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """Struct-safe column values: numbers, strings, bools, None, lists and dicts of those."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if value is None or isinstance(value, str | bool | int | float):
         return value
     return str(value)
@@ -74,7 +74,7 @@ class EpisodePlan:
         self._columns: dict[str, dict[str, Any]] = {}
         for row in rows:
             key = prompt_key(row["prompt"])
-            columns = {k: _jsonable(v) for k, v in row.items() if k not in PROMPT_COLUMNS}
+            columns = {k: jsonable(v) for k, v in row.items() if k not in PROMPT_COLUMNS}
             self._columns.setdefault(key, columns)
 
     def spec(self, prompt: Any) -> EpisodeSpec:

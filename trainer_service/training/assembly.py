@@ -32,6 +32,8 @@ from reward_service.client import RewardClient
 from trainer_service.config.reward_terms import RewardTerm
 from trainer_service.config.run_config import ConfigError, RunConfig
 from trainer_service.core.types import EventSink
+from trainer_service.rollout.agent_episodes import AgentEpisodes, agent_episodes, uses_agent_reward
+from trainer_service.rollout.agent_rollout import AgentRollout
 from trainer_service.rollout.async_rollout import AsyncServiceRollout
 from trainer_service.rollout.core_borrowing import CoreBorrowing
 from trainer_service.rollout.cpu_placement import cpu_cores, overlap_threads, shares_cores_with_rollout
@@ -60,12 +62,13 @@ from trainer_service.training.variant_trainer import make_variant_trainer
 @dataclass(frozen=True)
 class JobData:
     """The rows a job trains and evaluates on, the tokenizer, and the multi-turn plan over those rows (None
-    for a single-turn run)."""
+    for a single-turn run), or the agent episodes over them (None without ``training.agents``)."""
 
     train: datasets.Dataset
     eval: datasets.Dataset | None
     tokenizer: PreTrainedTokenizerBase
     episodes: EpisodePlan | None
+    agents: AgentEpisodes | None = None
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,8 @@ def build_data(
             check_prompt_lengths(held_out, tokenizer, limit, split="eval")
     end_token_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
     episodes = episode_plan(config, train, held_out, end_token_id=end_token_id or 0)
-    return JobData(train=train, eval=held_out, tokenizer=tokenizer, episodes=episodes)
+    agents = agent_episodes(config, train, held_out, end_token_id=end_token_id or 0)
+    return JobData(train=train, eval=held_out, tokenizer=tokenizer, episodes=episodes, agents=agents)
 
 
 def build_curriculum(
@@ -170,7 +174,7 @@ def build_objective(
         observe=observe,
     )
     reward_funcs: list[Any] = scorer.reward_funcs()
-    if uses_env_reward(config):
+    if uses_env_reward(config) or uses_agent_reward(config):
         reward_funcs.append(EnvironmentReward())  # its weight is last in reward_weights (build_grpo_config)
     return Objective(
         args=args,
@@ -211,21 +215,22 @@ def build_rollout(
     endpoints: Endpoints,
     episodes: EpisodePlan | None,
     stack: ExitStack,
+    agents: AgentEpisodes | None = None,
 ) -> Rollout:
-    """Replicas, weight sync and ``rollout_func``, all closed when ``stack`` closes. With async rollout on
-    a CPU machine shared with the rollout service, the trainer lends its cores to each prefetch."""
+    """Replicas, weight sync and ``rollout_func``, all closed when ``stack`` closes; with ``agents`` the
+    completions are their episodes. With async rollout on a CPU machine shared with the rollout service,
+    the trainer lends its cores to each prefetch."""
     t = config.training
     replicas = RolloutReplicas(endpoints.rollout_targets, endpoints.rollout)
     stack.callback(replicas.close)
     sync = build_weight_sync(config, settings.device, replicas)
     stack.callback(sync.close)
-    service_rollout = ServiceRollout(
-        replicas,
-        sync,
-        SamplingConfig.from_run(config),
-        t.generation.num_generations,
-        retry_timeout_s=config.services.retry_timeout_s,
-        episodes=episodes,
+    sampling, group = SamplingConfig.from_run(config), t.generation.num_generations
+    retry_timeout_s = config.services.retry_timeout_s
+    service_rollout = (
+        ServiceRollout(replicas, sync, sampling, group, retry_timeout_s=retry_timeout_s, episodes=episodes)
+        if agents is None
+        else AgentRollout(replicas, sync, sampling, group, agents, retry_timeout_s=retry_timeout_s)
     )
     func: ServiceRollout | AsyncServiceRollout = service_rollout
     if t.rollout.async_rollout:

@@ -21,6 +21,7 @@ from trl import GRPOConfig
 
 from trainer_service.config.run_config import ConfigError, RunConfig
 from trainer_service.config.variants import grpo_config_overrides
+from trainer_service.rollout.agent_episodes import uses_agent_reward
 from trainer_service.rollout.episodes import uses_env_reward
 
 
@@ -171,11 +172,15 @@ def _fsdp_kwargs(config: RunConfig) -> dict[str, Any]:
 
 
 def _reward_weights(config: RunConfig) -> list[float] | None:
-    """TRL's reward_weights: one per reward term (and the environment's reward); None when all are 1."""
+    """TRL's reward_weights: one per reward term (and the environment's or the agent's reward); None when
+    all are 1."""
     rewards = config.training.rewards
     weights = [term.weight for term in rewards.reward_terms]
     if uses_env_reward(config):
         weights.append(rewards.environment_weight)
+    elif uses_agent_reward(config):
+        assert config.training.agents is not None
+        weights.append(config.training.agents.reward_weight)
     return weights if any(w != 1.0 for w in weights) else None
 
 

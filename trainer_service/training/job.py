@@ -259,7 +259,7 @@ def _train(
     objective = build_objective(
         config, settings, data, reward_client, checkpoint=checkpoint, importance_sampling=plan
     )
-    rollout = build_rollout(config, settings, endpoints, data.episodes, stack)
+    rollout = build_rollout(config, settings, endpoints, data.episodes, stack, agents=data.agents)
     callbacks = build_callbacks(
         config, settings, data, objective, rollout, reward_client, sink=sink, stop_flag=stop_flag
     )

@@ -1,0 +1,235 @@
+"""Agents as rollout workers: one ``grpo.agent.v1`` episode per prompt the trainer samples.
+
+For each prompt of a generation batch (TRL repeats each row G times, so each of its G samples), an episode
+is: open a session of the rollout service's OpenAI-compatible gateway (``RolloutClient.open_agent_session``),
+call ``RunEpisode`` on ``training.agents.target`` with the row and the session's base URL
+(``gateway_url`` + ``/sessions/<id>/v1``), read the session back (``agent_trajectory(close=True)``) and turn
+its sequence into one completion shaped as the rollout service's tool episodes are: ``prompt_token_ids``
+the tokens before the first sampled one, ``token_ids`` the rest, ``tool_mask`` the gateway's loss mask over
+them (1 exactly on sampled tokens), ``logprobs`` and ``token_versions`` per token. So the trainer hands
+agent episodes to TRL on the tool episodes' path (:func:`~trainer_service.rollout.episodes.episode_fields`:
+``env_mask`` and ``env_reward``, the agent's reward, read by
+:class:`~trainer_service.rollout.episodes.EnvironmentReward` with weight ``agents.reward_weight``).
+
+A session with several branches (a rewritten history, a sub-agent) trains its last branch, the one holding
+the final answer. An episode fails when the agent's call fails (its error, or no answer by
+``episode_timeout_s``), its reward is not finite, or the session holds no sampled token; it is then played
+again as a new episode (a new session) up to ``max_episode_retries`` times, because dropping it would bias
+its group's advantage, and after that it becomes a completion of one unsampled EOS with ``tool_mask`` 0 and
+no agent reward: out of the loss, counted in ``agents/failed_episodes``. A failing rollout service is not an
+episode failure: its error propagates, and the step's generation is retried as any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from grpo_runtime.agent_client import AgentClient, EpisodeTask
+from grpo_runtime.call_errors import ServiceCallError
+from grpo_runtime.client import ChannelConfig
+from rollout_service.client import AgentTrajectory, FinishReason, RolloutClient
+from trainer_service.config.agents import AgentsConfig
+from trainer_service.config.run_config import RunConfig
+from trainer_service.rollout.episodes import jsonable, prompt_key
+
+log = logging.getLogger(__name__)
+
+# The gateway session outlives the episode's deadline by this much, seconds, so the trainer can still read
+# the trajectory of an agent that answered at the last moment.
+SESSION_GRACE_S = 30.0
+
+
+class EpisodeFailed(Exception):
+    """One attempt at an episode failed; the message says why (it is logged and counted)."""
+
+
+@dataclass(frozen=True)
+class AgentCompletion:
+    """One agent episode as one training completion, with the fields the tool episodes' completions have.
+
+    ``logprobs[i]``: log p(token i) under the sampling distribution where ``tool_mask[i]`` is 1, else 0;
+    ``token_versions[i]``: the policy version that sampled token i (elsewhere the version of the call that
+    fed it); ``policy_version``: the newest version that sampled a token. ``env_reward``: the agent's reward
+    (None: none, or the episode failed). ``attempts``: episodes played for it (1 = no retry).
+    """
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    tool_mask: list[int]
+    token_versions: list[int]
+    policy_version: int
+    env_reward: float | None
+    finish_reason: FinishReason = FinishReason.STOP
+    error: str = ""
+    attempts: int = 1
+    retokenized_tokens: int = 0
+    prefix_mismatches: int = 0
+
+
+def completion_of(trajectory: AgentTrajectory, reward: float | None) -> AgentCompletion:
+    """The session's last branch split at its first sampled token; EpisodeFailed when nothing was sampled."""
+    if not trajectory.sequences:
+        raise EpisodeFailed("the agent never called the model (an empty session)")
+    sequence = trajectory.sequences[-1]
+    if 1 not in sequence.loss_mask:
+        raise EpisodeFailed("the session's last branch holds no sampled token")
+    start = sequence.loss_mask.index(1)
+    sampled_versions = [v for v, m in zip(sequence.policy_versions, sequence.loss_mask, strict=True) if m]
+    return AgentCompletion(
+        prompt_token_ids=list(sequence.token_ids[:start]),
+        token_ids=list(sequence.token_ids[start:]),
+        logprobs=list(sequence.logprobs[start:]),
+        tool_mask=list(sequence.loss_mask[start:]),
+        token_versions=list(sequence.policy_versions[start:]),
+        policy_version=max(sampled_versions),
+        env_reward=reward,
+        retokenized_tokens=trajectory.retokenized_tokens,
+        prefix_mismatches=trajectory.prefix_mismatches,
+    )
+
+
+def failed_completion(end_token_id: int, version: int, reason: str, attempts: int) -> AgentCompletion:
+    """An episode given up on: one unsampled EOS as prompt and completion, out of the loss (mask 0)."""
+    return AgentCompletion(
+        prompt_token_ids=[end_token_id],
+        token_ids=[end_token_id],
+        logprobs=[0.0],
+        tool_mask=[0],
+        token_versions=[version],
+        policy_version=version,
+        env_reward=None,
+        finish_reason=FinishReason.ERROR,
+        error=reason,
+        attempts=attempts,
+    )
+
+
+def agent_metrics(completions: Sequence[AgentCompletion]) -> dict[str, float]:
+    """``agents/*`` metrics of one generation batch: episodes given up on, extra episodes played for
+    retries, tokens the gateway rendered again and calls whose prefix did not match (summed)."""
+    if not completions:
+        return {}
+    return {
+        "agents/episodes": float(len(completions)),
+        "agents/failed_episodes": float(sum(c.finish_reason == FinishReason.ERROR for c in completions)),
+        "agents/retried_episodes": float(sum(c.attempts - 1 for c in completions)),
+        "agents/retokenized_tokens": float(sum(c.retokenized_tokens for c in completions)),
+        "agents/prefix_mismatches": float(sum(c.prefix_mismatches for c in completions)),
+    }
+
+
+class AgentEpisodes:
+    """Plays a batch's episodes on one rollout replica, at most ``max_concurrent_episodes`` at a time.
+
+    ``rows``: the train and eval rows; an episode's task is its prompt's row (all columns, JSON values).
+    ``end_token_id``: the tokenizer's EOS, the token of a failed episode's completion.
+    """
+
+    def __init__(
+        self,
+        config: AgentsConfig,
+        agent: ChannelConfig,
+        rows: Iterable[Mapping[str, Any]],
+        *,
+        end_token_id: int = 0,
+    ) -> None:
+        self.config = config
+        self.agent = agent
+        self.end_token_id = end_token_id
+        self._tasks: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            self._tasks.setdefault(prompt_key(row["prompt"]), {k: jsonable(v) for k, v in row.items()})
+
+    def task(self, prompt: Any) -> dict[str, Any]:
+        """The row of ``prompt`` (just the prompt for one that is in no dataset)."""
+        return self._tasks.get(prompt_key(prompt)) or {"prompt": jsonable(prompt)}
+
+    def play(self, prompts: Sequence[Any], rollout: RolloutClient, step: int, version: int) -> list[Any]:
+        """One completion per prompt, in order; ``version`` is the policy version a failed one is given."""
+        return asyncio.run(self._play_all(prompts, rollout, step, version))
+
+    async def _play_all(
+        self, prompts: Sequence[Any], rollout: RolloutClient, step: int, version: int
+    ) -> list[AgentCompletion]:
+        slots = asyncio.Semaphore(self.config.max_concurrent_episodes)
+        async with AgentClient(self.agent) as agent:
+            episodes = [
+                self._episode(agent, rollout, slots, self.task(prompt), f"step{step}-{index}", version)
+                for index, prompt in enumerate(prompts)
+            ]
+            return list(await asyncio.gather(*episodes))
+
+    async def _episode(
+        self,
+        agent: AgentClient,
+        rollout: RolloutClient,
+        slots: asyncio.Semaphore,
+        task: dict[str, Any],
+        name: str,
+        version: int,
+    ) -> AgentCompletion:
+        """The first attempt that succeeds, or after ``1 + max_episode_retries`` failures a failed one."""
+        attempts = 1 + self.config.max_episode_retries
+        reasons = []
+        for attempt in range(attempts):
+            async with slots:
+                try:
+                    completion = await self._attempt(agent, rollout, task, f"{name}-try{attempt}")
+                    return replace(completion, attempts=attempt + 1)
+                except EpisodeFailed as failure:
+                    log.warning("agent episode %s-try%d failed: %s", name, attempt, failure)
+                    reasons.append(str(failure))
+        return failed_completion(self.end_token_id, version, "; ".join(reasons), attempts)
+
+    async def _attempt(
+        self, agent: AgentClient, rollout: RolloutClient, task: dict[str, Any], episode_id: str
+    ) -> AgentCompletion:
+        timeout_s = self.config.episode_timeout_s
+        ticket = await asyncio.to_thread(rollout.open_agent_session, timeout_s + SESSION_GRACE_S)
+        read = False
+        try:
+            request = EpisodeTask(
+                task=task,
+                base_url=f"{self.config.gateway_url}/sessions/{ticket.session_id}/v1",
+                deadline_unix_ms=int((time.time() + timeout_s) * 1000),
+                episode_id=episode_id,
+            )
+            try:
+                report = await agent.run_episode(request, timeout_s=timeout_s)
+            except ServiceCallError as error:
+                raise EpisodeFailed(f"RunEpisode: {error}") from error
+            if report.reward is not None and not math.isfinite(report.reward):
+                raise EpisodeFailed(f"the agent's reward {report.reward!r} is not a finite number")
+            trajectory = await asyncio.to_thread(rollout.agent_trajectory, ticket.session_id, close=True)
+            read = True
+            return completion_of(trajectory, report.reward)
+        finally:
+            if not read:
+                # The agent may still be calling: closing the session ends that (404 from then on).
+                await asyncio.to_thread(rollout.close_agent_session, ticket.session_id)
+
+
+def agent_episodes(
+    config: RunConfig, *datasets: Iterable[Mapping[str, Any]] | None, end_token_id: int = 0
+) -> AgentEpisodes | None:
+    """The run's agent episodes over its train and eval rows, or None without ``training.agents``. The
+    agent's channel verifies TLS with ``services.tls_ca_file``; it never carries the admin token."""
+    agents = config.training.agents
+    if agents is None:
+        return None
+    rows = [row for dataset in datasets if dataset is not None for row in dataset]
+    channel = ChannelConfig(target=agents.target, tls_ca_file=config.services.tls_ca_file)
+    return AgentEpisodes(agents, channel, rows, end_token_id=end_token_id)
+
+
+def uses_agent_reward(config: RunConfig) -> bool:
+    """Whether the agent's reward is a reward term of the run (after reward_fn's terms)."""
+    agents = config.training.agents
+    return agents is not None and agents.reward_weight > 0
