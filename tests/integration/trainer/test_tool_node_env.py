@@ -94,7 +94,8 @@ def test_a_run_trains_against_the_node_environment(tiny_models, secrets_file, no
 
 def test_episodes_with_two_replicas_and_sleep_mode(tiny_models, secrets_file, node_env, tmp_path):
     """Each Generate call runs its episodes' whole loop on the replica it went to, so an episode's turns are
-    on one replica by construction; with vllm_enable_sleep_mode each generation is wake → push → episodes → sleep.
+    on one replica by construction; with vllm_enable_sleep_mode each generation is wake → push → episodes →
+    sleep.
     Every secret here is 50: each episode is exactly two turns (the guess, the answer)."""
     secrets_file.write_text(re.sub(r'"secret": \d+', '"secret": 50', secrets_file.read_text()))
     first, first_server = scripted_rollout_server(tiny_models["policy"], bisect, {"default": node_env})

@@ -268,8 +268,9 @@ def test_two_processes_with_gloo_share_the_rollout(tiny_models, services, train_
 
 @pytest.mark.parametrize("level", [1, 2])
 def test_sleep_mode_wakes_pushes_generates_sleeps(tiny_models, services, train_file, tmp_path, level):
-    """vllm_enable_sleep_mode: around each generation wake → push → generate → sleep; never generate from weights
-    that were not pushed after the wake (with level 2 the engine has no valid weights until the push)."""
+    """vllm_enable_sleep_mode: around each generation wake → push → generate → sleep; never generate from
+    weights that were not pushed after the wake (with level 2 the engine has no valid weights until the
+    push)."""
     training = {"max_steps": 2, "rollout": {"vllm_enable_sleep_mode": True, "sleep_level": level}}
     output = tmp_path / f"sleep{level}"
     config = parse_config(
