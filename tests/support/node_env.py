@@ -1,6 +1,6 @@
-"""The Node.js environment server (examples/node/env_server.js) started as users start it: a real ``node``
-process on a free loopback port. Needs ``node`` (20+) and ``npm`` on PATH; ``npm ci`` runs once when
-examples/node/node_modules is missing."""
+"""The Node.js example servers (examples/node: env_server.js, agent_server.js) started as users start
+them: a real ``node`` process on a free loopback port. Needs ``node`` (20+) and ``npm`` on PATH; ``npm ci``
+runs once when a dependency is missing from examples/node/node_modules."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,13 +31,19 @@ class NodeServer:
     process: subprocess.Popen
 
 
-@contextmanager
-def node_env_server(*args: str) -> Iterator[NodeServer]:
+def node_env_server(*args: str) -> AbstractContextManager[NodeServer]:
     """Runs ``node env_server.js --port 0 *args``; yields it, terminates it on exit (if still running)."""
-    if not (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir():
+    return node_server("env_server.js", *args)
+
+
+@contextmanager
+def node_server(script: str, *args: str) -> Iterator[NodeServer]:
+    """Runs ``node SCRIPT --port 0 *args`` in examples/node (``npm ci`` first when a dependency is missing);
+    yields it once it prints its address, terminates it on exit (if still running)."""
+    if not all((NODE_DIR / "node_modules" / name).is_dir() for name in ("@grpc/grpc-js", "openai")):
         subprocess.run([_tool("npm"), "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, timeout=600)
     process = subprocess.Popen(
-        [_tool("node"), "env_server.js", "--port", "0", *args],
+        [_tool("node"), script, "--port", "0", *args],
         cwd=NODE_DIR,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

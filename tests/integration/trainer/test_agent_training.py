@@ -7,20 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import openai
 import pytest
 
-from grpo_runtime.agent_server import serve_agent
 from grpo_runtime.client import ChannelConfig
 from rollout_service.client import FinishReason, RolloutClient
-from rollout_service.server import binding, build_core, build_gateway
-from rollout_service.settings import GatewaySettings, RolloutSettings
 from tests.integration.trainer.fixtures import run_config
-from tests.support.server_thread import server_thread
+from tests.support.agents import python_agent, rollout_with_gateway
 from trainer_service.config.agents import AgentsConfig
 from trainer_service.config.run_config import parse_config
 from trainer_service.core.types import RunState
@@ -62,43 +56,16 @@ async def chat_agent(task, base_url, deadline):
     return float(bool(gold) and gold in answer), {"answer": answer}
 
 
-@contextmanager
-def agent_server() -> Iterator[str]:
-    """``chat_agent`` served on a free loopback port from its own event loop thread."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    server, port = asyncio.run_coroutine_threadsafe(serve_agent(chat_agent), loop).result(30)
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-
-
 @pytest.fixture(scope="module")
 def gateway_rollout(tiny_models):
     """A rollout service (HF engine, the tiny policy) with its gateway: (gRPC address, gateway URL)."""
-    gateway = GatewaySettings(port=0, max_tokens=32, session_ttl_s=600)
-    settings = RolloutSettings(
-        model=str(tiny_models["policy"]), engine="hf", max_model_len=512, gateway=gateway
-    )
-    built = {}
-
-    async def build():
-        core = await build_core(settings)
-        served = binding(core, build_gateway(core, settings))
-        built.update(endpoint=served.companions[0])
-        return [served], core.close
-
-    with server_thread(build) as server:
-        yield server.address, f"http://127.0.0.1:{built['endpoint'].port}"
+    with rollout_with_gateway(tiny_models["policy"]) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def agent_target():
-    with agent_server() as target:
+    with python_agent(chat_agent) as target:
         yield target
 
 

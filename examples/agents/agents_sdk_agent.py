@@ -1,0 +1,82 @@
+"""A calculator agent written with the OpenAI Agents SDK (``openai-agents``): an ``Agent`` with one
+``function_tool``, run by ``Runner.run``, served over ``grpo.agent.v1`` so the trainer can train the policy
+it calls. Only the base URL ties it to the trainer.
+
+The model is ``OpenAIChatCompletionsModel``: the SDK's default model speaks the Responses API, which the
+gateway does not serve. Tracing is disabled: its exporter would send every run to api.openai.com.
+
+    python -m examples.agents.agents_sdk_agent --port 50060     # from the repository root
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from agents import (
+    Agent,
+    MaxTurnsExceeded,
+    ModelBehaviorError,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
+from openai import AsyncOpenAI
+
+from examples.agents.calculator_task import (
+    CALCULATOR_DESCRIPTION,
+    Sampling,
+    calculator,
+    parse_args,
+    question_messages,
+    reward,
+)
+from grpo_runtime.agent_server import RunEpisode, run_agent
+
+set_tracing_disabled(True)
+
+
+@function_tool(name_override="calculator", description_override=CALCULATOR_DESCRIPTION)
+def calculator_tool(expression: str) -> str:
+    """Evaluates an arithmetic expression.
+
+    Args:
+        expression: numbers, + - * / and parentheses, for example 347 + 582.
+    """
+    return calculator(expression)
+
+
+def episode_player(sampling: Sampling) -> RunEpisode:
+    """``run_episode(task, base_url, deadline)``: the agent answers the row's question within
+    ``sampling.max_turns`` model calls. A model that calls no known tool or never stops scores 0."""
+
+    async def run_episode(task: dict[str, Any], base_url: str, deadline: float | None):
+        client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+        agent = Agent(
+            name="calculator agent",
+            instructions="Answer the arithmetic question. Use the calculator tool.",
+            tools=[calculator_tool],
+            model=OpenAIChatCompletionsModel(model=sampling.model, openai_client=client),
+            model_settings=ModelSettings(temperature=sampling.temperature, max_tokens=sampling.max_tokens),
+        )
+        try:
+            result = await Runner.run(agent, question_messages(task), max_turns=sampling.max_turns)
+        except (MaxTurnsExceeded, ModelBehaviorError) as error:  # the policy's doing: a bad episode
+            return (0.0 if task.get("answer") else None), {"error": f"{type(error).__name__}: {error}"}
+        answer = str(result.final_output or "")
+        return reward(answer, task), {"answer": answer, "model_calls": len(result.raw_responses)}
+
+    return run_episode
+
+
+def main() -> None:
+    host, port, sampling = parse_args(__doc__.split("\n\n")[0])
+    logging.basicConfig(level=logging.INFO)
+    asyncio.run(run_agent(episode_player(sampling), port=port, host=host))
+
+
+if __name__ == "__main__":
+    main()

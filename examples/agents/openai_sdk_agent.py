@@ -1,0 +1,89 @@
+"""A calculator agent written with the official ``openai`` Python SDK and a hand-written tool loop, served
+over ``grpo.agent.v1`` so the trainer can train the policy it calls. Only the base URL ties it to the trainer:
+the same code runs against any OpenAI-compatible server.
+
+    python -m examples.agents.openai_sdk_agent --port 50060     # from the repository root
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import openai
+
+from examples.agents.calculator_task import (
+    CALCULATOR_DESCRIPTION,
+    CALCULATOR_PARAMETERS,
+    Sampling,
+    calculator,
+    parse_args,
+    question_messages,
+    reward,
+)
+from grpo_runtime.agent_server import RunEpisode, run_agent
+
+CALCULATOR_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": CALCULATOR_DESCRIPTION,
+        "parameters": CALCULATOR_PARAMETERS,
+    },
+}
+
+
+def tool_result(name: str, arguments_json: str) -> str:
+    """The tool message's content for one call; a bad call is answered, never raised."""
+    if name != "calculator":
+        return f"error: unknown tool {name!r}; the tool is calculator"
+    try:
+        arguments = json.loads(arguments_json or "{}")
+    except json.JSONDecodeError as error:
+        return f"error: arguments are not JSON: {error.msg}"
+    if not isinstance(arguments, dict) or not isinstance(arguments.get("expression"), str):
+        return 'error: arguments must be {"expression": "..."}'
+    return calculator(arguments["expression"])
+
+
+def episode_player(sampling: Sampling) -> RunEpisode:
+    """``run_episode(task, base_url, deadline)``: the model answers the row's question, calling the
+    calculator as often as it likes within ``sampling.max_turns`` model calls."""
+
+    async def run_episode(task: dict[str, Any], base_url: str, deadline: float | None):
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+        messages: list[dict[str, Any]] = list(question_messages(task))
+        tool_calls = 0
+        for _ in range(sampling.max_turns):
+            reply = await client.chat.completions.create(
+                model=sampling.model,
+                messages=messages,
+                tools=[CALCULATOR_TOOL],
+                temperature=sampling.temperature,
+                max_tokens=sampling.max_tokens,
+            )
+            message = reply.choices[0].message
+            # The reply goes back as it came (same text, same calls): the gateway then reuses its tokens.
+            messages.append(message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
+            if not message.tool_calls:
+                break
+            for call in message.tool_calls:
+                tool_calls += 1
+                content = tool_result(call.function.name, call.function.arguments)
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+        answer = message.content or ""
+        return reward(answer, task), {"answer": answer, "tool_calls": tool_calls}
+
+    return run_episode
+
+
+def main() -> None:
+    host, port, sampling = parse_args(__doc__.split("\n\n")[0])
+    logging.basicConfig(level=logging.INFO)
+    asyncio.run(run_agent(episode_player(sampling), port=port, host=host))
+
+
+if __name__ == "__main__":
+    main()
