@@ -45,9 +45,10 @@ from transformers import Qwen2ForTokenClassification
 
 from reward_service.core.types import Message, Sample
 from reward_service.models.engine import Encoded
+from reward_service.models.engine_builder import build_engine
 from reward_service.models.loading import load_model
 from reward_service.models.prefix import share_prefixes
-from reward_service.models.registry import ModelRegistry, build_engine
+from reward_service.models.registry import ModelRegistry
 from reward_service.models.settings import ModelSettings
 from reward_service.models.spec import ModelKind, ModelSpec
 from tiny_models.make import make_all, qwen2_config

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 
 from grpo_runtime.config import ConfigError
 from grpo_runtime.server import Cleanup, ServiceBinding
+from reward_service.api.admin import RewardAdminServicer
 from reward_service.api.environment import EnvironmentServicer
 from reward_service.api.reward import RewardServicer
 from reward_service.checkers.pool import CheckerPool
@@ -19,25 +21,24 @@ from reward_service.core.stress import StressLimits
 from reward_service.environments.host import EnvironmentHost, start_environments
 from reward_service.http.app import HttpEndpoint
 from reward_service.judges.remote import RemoteJudge, remote_judges
+from reward_service.models.metrics import ModelMetrics
+from reward_service.models.registry import ModelRegistry
 from reward_service.rewards.base import ThreadRunner
 from reward_service.rewards.registry import builtin_rewards
 from reward_service.sandbox.runner import SandboxRunner, open_runner
 from reward_service.settings import RewardSettings
 
-try:
-    # Reward models need torch and transformers, which the slim image (extra `reward-slim`) leaves out:
-    # there the service scores with the built-in rewards and serves no RewardAdminService.
-    from reward_service.api.admin import RewardAdminServicer
-    from reward_service.models.metrics import ModelMetrics
-    from reward_service.models.registry import ModelRegistry as _ModelRegistry
-except ModuleNotFoundError as missing:
-    if missing.name not in ("torch", "transformers"):
-        raise
-    ModelRegistry: type[_ModelRegistry] | None = None
-else:
-    ModelRegistry = _ModelRegistry
-
 log = logging.getLogger(__name__)
+
+
+def models_installed() -> bool:
+    """Whether reward models can load here: they need torch and transformers, which the slim image (extra
+    `reward-slim`) leaves out; there the service scores with the built-in rewards and serves no
+    RewardAdminService. Looked up, not imported: both load with the first model."""
+    try:
+        return all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers"))
+    except ValueError:  # a module set to None in sys.modules: as good as missing
+        return False
 
 
 async def open_sandbox(settings: RewardSettings) -> tuple[SandboxRunner | None, bool, str]:
@@ -59,7 +60,7 @@ class RewardService:
 
     scorer: Scorer
     pool: CheckerPool
-    registry: _ModelRegistry | None
+    registry: ModelRegistry | None
     settings: RewardSettings
     text_threads: ThreadPoolExecutor
     environments: EnvironmentHost | None = None
@@ -119,7 +120,7 @@ async def start_reward_service(settings: RewardSettings) -> RewardService:
     judges = remote_judges(settings.judges)  # reads their API tokens: a missing one fails here
     pool = CheckerPool(settings.checkers)
     await pool.start()
-    if ModelRegistry is None:
+    if not models_installed():
         log.warning("reward models unavailable: torch/transformers are not installed (slim image)")
         if settings.models.preload:
             raise ConfigError(

@@ -139,6 +139,11 @@ class RewardModelEngine(abc.ABC):
             self._compute_prefixes(batch)
             return self._run(self._suffix_inputs(batch), batch)
 
+    def release_accelerator_memory(self) -> None:
+        """Hand the caching allocator's free blocks back to the driver once the engine's last owner has let
+        it go (a replaced or unloaded model on CUDA)."""
+        torch.cuda.empty_cache()
+
     def _run(self, inputs: dict[str, Any], batch: list[Encoded]) -> list[Any]:
         """The model on ``inputs`` (already on the device), read out per sequence."""
         out = self.loaded.model(**inputs)

@@ -16,45 +16,23 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from grpo_runtime.compute_thread import ComputeThread, run_in_own_thread
 from grpo_runtime.errors import InvalidArgument, NotFound
-from reward_service.core.types import ComponentResult, Message, RewardDescription, Sample
+from reward_service.core.types import ComponentResult, RewardDescription, Sample
 from reward_service.models.batcher import DynamicBatcher
-from reward_service.models.engine import Encoded, RewardModelEngine
-from reward_service.models.judge import JudgeModel
-from reward_service.models.loading import LoadedModel, load_model
-from reward_service.models.orm import OutcomeRewardModel
 from reward_service.models.prefix import share_prefixes
-from reward_service.models.prm import ProcessRewardModel
+from reward_service.models.sequences import Encoded
 from reward_service.models.settings import ModelSettings
 from reward_service.models.spec import MODEL_NAME_RE, ModelInfo, ModelKind, ModelSpec
+
+if TYPE_CHECKING:
+    from reward_service.models.engine import RewardModelEngine
 
 log = logging.getLogger(__name__)
 
 _PREFIXES = {f"{kind.value}:": kind for kind in ModelKind}
-
-# Scored at load, plainly and through each fast path (engine.check_fast_paths): three completions
-# of one prompt, so they share a prefix, each with two steps for the PRM formats.
-_PROBE_PROMPT = (
-    Message("system", "You are a careful tutor."),
-    Message("user", "What is 12 + 7 - 4? Explain."),
-)
-FAST_PATH_PROBE = [
-    Sample(id=str(i), prompt=_PROBE_PROMPT, completion=completion)
-    for i, completion in enumerate(
-        (
-            "12 + 7 = 19.\n\n19 - 4 = 15, so the answer is 15.",
-            "First add: 12 + 7 = 19.\n\nThen subtract 4 to get \\boxed{15}.",
-            "12 - 4 = 8.\n\n8 + 7 = 16.",
-        )
-    )
-]
-# Largest difference a fast path may make to an output (x max(1, |output|)), by model dtype.
-FAST_PATH_TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
 
 
 def parse_reward_name(reward_name: str) -> tuple[ModelKind, str] | None:
@@ -73,24 +51,6 @@ class _Slot:
     leases: int = 0
     retired: bool = False
     disposed: bool = False
-
-
-ENGINES: dict[ModelKind, type[RewardModelEngine]] = {
-    ModelKind.PRM: ProcessRewardModel,
-    ModelKind.ORM: OutcomeRewardModel,
-    ModelKind.JUDGE: JudgeModel,
-}
-
-
-def build_engine(loaded: LoadedModel, settings: ModelSettings) -> RewardModelEngine:
-    """The engine of ``loaded`` with the fast paths that are exact for it turned on (blocking)."""
-    engine = ENGINES[loaded.spec.kind](
-        loaded, max_batch_tokens=settings.max_batch_tokens, overhead_tokens=settings.forward_overhead_tokens
-    )
-    enabled = engine.check_fast_paths(FAST_PATH_PROBE, FAST_PATH_TOLERANCE[loaded.dtype])
-    engine.share_prefixes = engine.share_prefixes and settings.share_prefixes
-    log.info("%s: fast paths %s", loaded.spec.reward_name, enabled)
-    return engine
 
 
 class ModelRegistry:
@@ -128,6 +88,10 @@ class ModelRegistry:
                 f"{spec.reward_name!r} is a remote judge configured on this server", field="name"
             )
         lock = self._load_locks.setdefault(spec.name, asyncio.Lock())
+        # torch and transformers load with the first model, not at import: a service that scores only
+        # rule rewards starts seconds sooner, and the slim image (no torch) imports this module too.
+        from reward_service.models.engine_builder import build_engine, load_model
+
         async with lock:  # loads of one name install in request order
             # On a thread of its own, not the models' compute thread: the version serving keeps scoring.
             loaded = await run_in_own_thread(load_model, spec, self._settings, name=f"load-{spec.name}")
@@ -268,6 +232,5 @@ class ModelRegistry:
         slot.disposed = True
         await slot.batcher.close()
         if slot.info.device.startswith("cuda"):
-            # The slot was the model's last owner; hand its blocks back to the driver.
-            torch.cuda.empty_cache()
+            slot.engine.release_accelerator_memory()
         log.info("released %s v%d", slot.info.reward_name, slot.info.version)
