@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,14 +64,15 @@ def hardened(container: DockerContainer) -> DockerContainer:
     )
 
 
-def start_service(
+def launch_service(
     image: str,
     name: str,
     network: Network,
     args: list[str],
     volumes: Sequence[tuple[str, str, str]] = (),
 ) -> Running:
-    """Start one service container on ``network`` (alias = ``name``) and wait until it is SERVING."""
+    """Start one service container on ``network`` (alias = ``name``); not yet waited for, so that several
+    containers load their models and imports at the same time (:func:`wait_all_serving`)."""
     port = PORTS[name]
     container = hardened(
         DockerContainer(image)
@@ -84,9 +85,26 @@ def start_service(
     for host_path, container_path, mode in volumes:
         container = container.with_volume_mapping(host_path, container_path, mode)
     container.start()
-    running = Running(container.get_wrapped_container(), name)
+    return Running(container.get_wrapped_container(), name)
+
+
+def start_service(
+    image: str,
+    name: str,
+    network: Network,
+    args: list[str],
+    volumes: Sequence[tuple[str, str, str]] = (),
+) -> Running:
+    """Start one service container on ``network`` (alias = ``name``) and wait until it is SERVING."""
+    running = launch_service(image, name, network, args, volumes)
     wait_serving(running)
     return running
+
+
+def wait_all_serving(started: Iterable[Running]) -> None:
+    """Wait for each of the started containers in turn; they start concurrently meanwhile."""
+    for running in started:
+        wait_serving(running)
 
 
 def wait_serving(running: Running, timeout_s: float = 180.0) -> None:

@@ -15,7 +15,7 @@ from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
 import docker
 from grpo_runtime.healthcheck import check
-from tests.containers.service_containers import Running, wait_serving
+from tests.containers.service_containers import Running, wait_all_serving
 from tests.deploy.k8s_render import config_files, rendered_containers
 
 TOKEN = "manifest-test-token"
@@ -91,9 +91,8 @@ def pods(images, host_volumes) -> Iterator[list[tuple[dict[str, Any], Running]]]
     started: list[tuple[dict[str, Any], Running]] = []
     try:
         for spec in rendered_containers("cpu"):
-            running = run_as_rendered(spec, host_volumes)
-            started.append((spec, running))
-            wait_serving(running)
+            started.append((spec, run_as_rendered(spec, host_volumes)))
+        wait_all_serving(running for _, running in started)
         yield started
     finally:
         for _, running in started:

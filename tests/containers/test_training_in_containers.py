@@ -15,7 +15,13 @@ from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 from grpo.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from testcontainers.core.network import Network
 
-from tests.containers.service_containers import CONTAINER_UID, Running, start_service, wait_serving
+from tests.containers.service_containers import (
+    CONTAINER_UID,
+    Running,
+    launch_service,
+    wait_all_serving,
+    wait_serving,
+)
 
 RUNS_IN_CONTAINER = "/var/lib/grpo/runs"
 MODELS_IN_CONTAINER = "/models"
@@ -33,10 +39,10 @@ def trio(images, network: Network, runs_dir: Path, tiny_models) -> Iterator[dict
     models = str(Path(tiny_models["prm-token"]).parent)
     started: dict[str, Running] = {}
     try:
-        started["reward"] = start_service(
+        started["reward"] = launch_service(
             images["reward"], "reward", network, [], volumes=[(models, MODELS_IN_CONTAINER, "ro")]
         )
-        started["rollout"] = start_service(
+        started["rollout"] = launch_service(
             images["rollout"], "rollout", network, ["--model", "/opt/grpo/models/demo", "--engine", "hf"]
         )
         # StartRun writes only under runs_root, reads data only under data_roots and models only under
@@ -49,13 +55,14 @@ def trio(images, network: Network, runs_dir: Path, tiny_models) -> Iterator[dict
         }
         config.write_text(yaml.safe_dump(roots))
         config.chmod(0o644)
-        started["trainer"] = start_service(
+        started["trainer"] = launch_service(
             images["trainer"],
             "trainer",
             network,
             ["--config", "/etc/grpo/trainer.yaml"],
             volumes=[(str(runs_dir), RUNS_IN_CONTAINER, "rw"), (str(config), "/etc/grpo/trainer.yaml", "ro")],
         )
+        wait_all_serving(started.values())
         yield started
     finally:
         for running in started.values():

@@ -12,7 +12,7 @@ from grpo.common.v1 import common_pb2
 from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 from testcontainers.core.network import Network
 
-from tests.containers.service_containers import CONTAINER_UID, Running, start_service
+from tests.containers.service_containers import CONTAINER_UID, Running, launch_service, wait_all_serving
 
 DEMO_MODEL = "/opt/grpo/models/demo"
 
@@ -21,11 +21,12 @@ DEMO_MODEL = "/opt/grpo/models/demo"
 def trio(images: dict[str, str], network: Network) -> Iterator[dict[str, Running]]:
     started: dict[str, Running] = {}
     try:
-        started["reward"] = start_service(images["reward"], "reward", network, [])
-        started["rollout"] = start_service(
+        started["reward"] = launch_service(images["reward"], "reward", network, [])
+        started["rollout"] = launch_service(
             images["rollout"], "rollout", network, ["--model", DEMO_MODEL, "--engine", "hf"]
         )
-        started["trainer"] = start_service(images["trainer"], "trainer", network, [])
+        started["trainer"] = launch_service(images["trainer"], "trainer", network, [])
+        wait_all_serving(started.values())
         yield started
     finally:
         for running in started.values():
