@@ -31,11 +31,15 @@ class EpisodeTask:
     deadline_unix_ms: int = 0
     episode_id: str = ""
 
+    @property
+    def deadline_unix_s(self) -> float | None:
+        """The deadline in seconds since the Unix epoch; None without one."""
+        return self.deadline_unix_ms / 1000.0 if self.deadline_unix_ms else None
+
     def seconds_left(self, now_unix_s: float) -> float | None:
         """Seconds from ``now_unix_s`` to the deadline (≤ 0 once past); None without a deadline."""
-        if not self.deadline_unix_ms:
-            return None
-        return self.deadline_unix_ms / 1000.0 - now_unix_s
+        deadline = self.deadline_unix_s
+        return None if deadline is None else deadline - now_unix_s
 
 
 @dataclass(frozen=True)

@@ -63,12 +63,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
 
     async def _play(self, request: agent_pb2.RunEpisodeRequest) -> EpisodeReport:
         task = agent_codec.decode_run_episode_request(request)
-        deadline = task.deadline_unix_ms / 1000.0 if task.deadline_unix_ms else None
         seconds_left = task.seconds_left(time.time())
         if seconds_left is not None and seconds_left <= 0:
             raise TimeoutError
         reward, metadata = await asyncio.wait_for(
-            self._run_episode(task.task, task.base_url, deadline), timeout=seconds_left
+            self._run_episode(task.task, task.base_url, task.deadline_unix_s), timeout=seconds_left
         )
         return EpisodeReport(reward=None if reward is None else float(reward), metadata=dict(metadata))
 
