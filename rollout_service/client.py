@@ -365,10 +365,18 @@ class RolloutClient(ServiceClient):
         return codec.decode_status_response(response)
 
     # ------------------------------------------------- agent sessions (gateway)
-    def open_agent_session(self, ttl_s: float = 0.0, *, timeout_s: float | None = None) -> SessionTicket:
+    def open_agent_session(
+        self,
+        ttl_s: float = 0.0,
+        *,
+        sampling: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> SessionTicket:
         """A session of the OpenAI-compatible gateway: point an agent's SDK at
-        ``http://HOST:OPENAI_PORT/sessions/<session_id>/v1``. ``ttl_s`` 0: the server's lifetime."""
-        request = codec.encode_open_agent_session_request(ttl_s)
+        ``http://HOST:OPENAI_PORT/sessions/<session_id>/v1``. ``ttl_s`` 0: the server's lifetime.
+        ``sampling`` (SamplingParams fields): the distribution every call of the session samples from,
+        whatever the agent asks; its ``max_tokens`` caps a call's."""
+        request = codec.encode_open_agent_session_request(ttl_s, sampling)
         return codec.decode_open_agent_session_response(
             self._call("OpenAgentSession", request, timeout_s=timeout_s)
         )

@@ -19,7 +19,7 @@ from grpo.rollout.v1 import rollout_pb2
 
 from grpo_runtime.errors import InvalidArgument
 from grpo_runtime.struct_codec import struct_dict
-from rollout_service.gateway.types import AgentSequence, AgentTrajectory, SessionTicket
+from rollout_service.gateway.types import AgentSequence, AgentTrajectory, PinnedSampling, SessionTicket
 from rollout_service.types import (
     CompletionResult,
     EpisodeSpec,
@@ -376,15 +376,27 @@ def decode_status_response(msg: rollout_pb2.GetStatusResponse) -> StatusInfo:
 
 
 # ------------------------------------------------------ agent sessions (gateway)
-def encode_open_agent_session_request(ttl_s: float = 0.0) -> rollout_pb2.OpenAgentSessionRequest:
-    return rollout_pb2.OpenAgentSessionRequest(ttl_seconds=ttl_s)
+def encode_open_agent_session_request(
+    ttl_s: float = 0.0, sampling: Mapping[str, Any] | None = None
+) -> rollout_pb2.OpenAgentSessionRequest:
+    """``sampling``: SamplingParams fields the session imposes on its calls (None: each call's own)."""
+    message = rollout_pb2.OpenAgentSessionRequest(ttl_seconds=ttl_s)
+    if sampling is not None:
+        message.sampling.CopyFrom(encode_sampling(sampling))
+    return message
 
 
-def decode_open_agent_session_request(msg: rollout_pb2.OpenAgentSessionRequest) -> float:
-    """The requested lifetime in seconds (0: the server's default)."""
+def decode_open_agent_session_request(
+    msg: rollout_pb2.OpenAgentSessionRequest,
+) -> tuple[float, PinnedSampling | None]:
+    """The requested lifetime in seconds (0: the server's default) and the session's sampling (ranges are
+    checked by the gateway)."""
     if not msg.ttl_seconds >= 0 or msg.ttl_seconds == float("inf"):
         raise InvalidArgument(f"must be a finite number >= 0, got {msg.ttl_seconds}", field="ttl_seconds")
-    return msg.ttl_seconds
+    if not msg.HasField("sampling"):
+        return msg.ttl_seconds, None
+    cap = msg.sampling.max_tokens if msg.sampling.HasField("max_tokens") else None
+    return msg.ttl_seconds, PinnedSampling(decode_sampling(msg.sampling), cap)
 
 
 def encode_open_agent_session_response(ticket: SessionTicket) -> rollout_pb2.OpenAgentSessionResponse:

@@ -61,7 +61,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         return codec.encode_status_response(self._core.status(), admin=caller_is_admin())
 
     async def OpenAgentSession(self, request, context) -> rollout_pb2.OpenAgentSessionResponse:
-        ticket = self._sessions().open_session(codec.decode_open_agent_session_request(request))
+        ticket = self._sessions().open_session(*codec.decode_open_agent_session_request(request))
         return codec.encode_open_agent_session_response(ticket)
 
     async def GetAgentTrajectory(self, request, context) -> rollout_pb2.GetAgentTrajectoryResponse:

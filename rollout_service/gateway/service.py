@@ -25,7 +25,7 @@ from grpo_runtime.errors import InvalidArgument, NotFound
 from grpo_runtime.tokenizing import decode_text
 from rollout_service.core.rollout import RolloutCore
 from rollout_service.core.tool_calls import TOOL_CALL, parse_tool_calls
-from rollout_service.core.validation import MAX_CHARS_PER_TOKEN
+from rollout_service.core.validation import MAX_CHARS_PER_TOKEN, validate_sampling
 from rollout_service.gateway.conversation import ConversationRenderer, PromptPlan, tools_key
 from rollout_service.gateway.sessions import CallRecord, SampledChoice, Session, SessionRegistry
 from rollout_service.gateway.trajectory import trajectory
@@ -37,6 +37,7 @@ from rollout_service.gateway.types import (
     CompletionRequest,
     FunctionCall,
     Message,
+    PinnedSampling,
     Sampling,
     SessionTicket,
 )
@@ -65,8 +66,18 @@ class AgentGateway:
         self.started = int(clock())  # the model's "created" in /v1/models
 
     # ------------------------------------------------------------- sessions
-    def open_session(self, ttl_s: float = 0.0) -> SessionTicket:
-        return self.sessions.open(ttl_s)
+    def open_session(self, ttl_s: float = 0.0, sampling: PinnedSampling | None = None) -> SessionTicket:
+        """A session of ``ttl_s`` seconds (0: the server's); ``sampling``: the distribution its calls
+        sample from whatever they ask (its max_tokens checked against the gateway's bound)."""
+        if sampling is not None:
+            sampling = PinnedSampling(validate_sampling(sampling.spec), sampling.max_tokens)
+            if sampling.max_tokens is not None and sampling.max_tokens > self.settings.max_tokens:
+                raise InvalidArgument(
+                    f"must be <= {self.settings.max_tokens} (the server's gateway.max_tokens), got "
+                    f"{sampling.max_tokens}",
+                    field="sampling.max_tokens",
+                )
+        return self.sessions.open(ttl_s, sampling)
 
     def trajectory(self, session_id: str, *, close: bool = False) -> AgentTrajectory:
         out = trajectory(self.sessions.get(session_id))
@@ -90,7 +101,7 @@ class AgentGateway:
         session = self._admit(session_id)
         calls = list(session.calls) if session is not None else []
         plan = await asyncio.to_thread(self._renderer.chat_prompt, calls, request.messages, request.tools)
-        results = await self._generate(plan.prompt_ids, request.n, request.sampling)
+        results = await self._generate(plan.prompt_ids, request.n, request.sampling, session)
         parse = bool(request.tools) and request.tool_choice != "none"
         choices = [
             self._choice(i, r, request.top_logprobs is not None, self._reply(r.text, parse))
@@ -110,7 +121,7 @@ class AgentGateway:
             )
         calls = list(session.calls) if session is not None else []
         plan = await asyncio.to_thread(self._renderer.completion_prompt, calls, request.prompt)
-        results = await self._generate(plan.prompt_ids, request.n, request.sampling)
+        results = await self._generate(plan.prompt_ids, request.n, request.sampling, session)
         choices = [self._choice(i, r, request.logprobs is not None) for i, r in enumerate(results)]
         if session is not None:
             text = request.prompt if isinstance(request.prompt, str) else ""
@@ -133,11 +144,17 @@ class AgentGateway:
             session.admit_call(self._clock())
         return session
 
-    async def _generate(self, prompt_ids: list[int], n: int, sampling: Sampling) -> list[CompletionResult]:
+    async def _generate(
+        self, prompt_ids: list[int], n: int, sampling: Sampling, session: Session | None
+    ) -> list[CompletionResult]:
+        ceiling = self.settings.max_tokens
+        if session is not None and session.sampling is not None:
+            sampling = session.sampling.apply(sampling)
+            ceiling = min(ceiling, session.sampling.max_tokens or ceiling)
         spec = sampling.spec
-        if sampling.max_tokens is None:  # what the context leaves, within the gateway's bound
+        if sampling.max_tokens is None:  # what the context leaves, within the bound
             room = self.max_model_len - len(prompt_ids)
-            spec = dataclasses.replace(spec, max_tokens=max(1, min(self.settings.max_tokens, room)))
+            spec = dataclasses.replace(spec, max_tokens=max(1, min(ceiling, room)))
         request = GenerateRequest((PromptInput(token_ids=tuple(prompt_ids)),), n, spec)
         return await self._core.generate(request)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from grpo_runtime.errors import NotFound, ResourceExhausted
-from rollout_service.gateway.types import Message, SessionTicket
+from rollout_service.gateway.types import Message, PinnedSampling, SessionTicket
 
 SESSION_ID_BYTES = 24
 
@@ -63,6 +63,7 @@ class Session:
     session_id: str
     expires_at: float  # wall-clock seconds
     max_calls: int
+    sampling: PinnedSampling | None = None  # imposed on every call; None: each call's own
     calls: list[CallRecord] = field(default_factory=list)
     started: int = 0  # calls admitted (finished, failed or in flight)
     retokenized_tokens: int = 0
@@ -108,8 +109,9 @@ class SessionRegistry:
         self._drop_expired()
         return len(self._sessions)
 
-    def open(self, ttl_s: float = 0.0) -> SessionTicket:
-        """A new session living ``ttl_s`` seconds (0 or more than the server's ``ttl_s``: that)."""
+    def open(self, ttl_s: float = 0.0, sampling: PinnedSampling | None = None) -> SessionTicket:
+        """A new session living ``ttl_s`` seconds (0 or more than the server's ``ttl_s``: that), whose calls
+        sample with ``sampling`` when given."""
         now = self._clock()
         self._drop_expired()
         if len(self._sessions) >= self.max_sessions:
@@ -121,7 +123,9 @@ class SessionRegistry:
                 retry_after_s=max(1.0, soonest - now),
             )
         lifetime = self.ttl_s if not 0 < ttl_s <= self.ttl_s else ttl_s
-        session = Session(secrets.token_urlsafe(SESSION_ID_BYTES), now + lifetime, self.max_calls_per_session)
+        session = Session(
+            secrets.token_urlsafe(SESSION_ID_BYTES), now + lifetime, self.max_calls_per_session, sampling
+        )
         self._sessions[session.session_id] = session
         return SessionTicket(session.session_id, math.floor(session.expires_at * 1000))
 

@@ -4,7 +4,7 @@ and a session's trajectory. Plain data; the OpenAI JSON shapes are :mod:`openai_
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rollout_service.types import FinishReason, SamplingSpec
@@ -78,6 +78,32 @@ class Sampling:
 
     spec: SamplingSpec
     max_tokens: int | None
+
+
+@dataclass(frozen=True)
+class PinnedSampling:
+    """The distribution a session imposes on its calls (``OpenAgentSessionRequest.sampling``): ``spec``'s
+    temperature, top_p, top_k, min_p and repetition_penalty replace a call's; ``max_tokens`` (None: no cap)
+    caps a call's. A call keeps its own stop strings, seed and min_tokens."""
+
+    spec: SamplingSpec
+    max_tokens: int | None = None
+
+    def apply(self, sampling: Sampling) -> Sampling:
+        """``sampling`` with this distribution and its max_tokens capped (one left unset stays unset: the
+        gateway then gives what the context leaves, within the cap)."""
+        spec = replace(
+            sampling.spec,
+            temperature=self.spec.temperature,
+            top_p=self.spec.top_p,
+            top_k=self.spec.top_k,
+            min_p=self.spec.min_p,
+            repetition_penalty=self.spec.repetition_penalty,
+        )
+        if sampling.max_tokens is None or self.max_tokens is None:
+            return Sampling(spec, sampling.max_tokens)
+        max_tokens = min(sampling.max_tokens, self.max_tokens)
+        return Sampling(replace(spec, max_tokens=max_tokens), max_tokens)
 
 
 @dataclass(frozen=True)

@@ -84,13 +84,13 @@ def rollout(running):
         yield client
 
 
-def ask(sdk: openai.OpenAI, messages, seed: int, **fields):
+def ask(sdk: openai.OpenAI, messages, seed: int, max_tokens: int = 40, **fields):
     return sdk.chat.completions.create(
         model="tools",
         messages=messages,
         tools=[CALCULATOR],
         seed=seed,
-        max_tokens=40,
+        max_tokens=max_tokens,
         logprobs=True,
         extra_body={"return_token_ids": True},
         **fields,
@@ -211,6 +211,25 @@ def assert_error(reply, status: int, param: str | None, needle: str = "") -> dic
     assert set(error) == {"message", "type", "param", "code"} and error["param"] == param, error
     assert needle in error["message"], error
     return headers
+
+
+def test_a_pinned_session_samples_its_distribution_whatever_the_agent_asks(running, rollout):
+    greedy = ask(running.sdk(), [QUESTION], 0, temperature=0, max_tokens=6).choices[0]
+    ticket = rollout.open_agent_session(sampling={"temperature": 0.0, "max_tokens": 6})
+    sdk = running.sdk(ticket.session_id)
+    # The agent asks for hot sampling and more tokens; the session pins greedy decoding and caps the length.
+    replies = [ask(sdk, [QUESTION], seed, temperature=1.5, max_tokens=40).choices[0] for seed in (1, 2)]
+    rollout.close_agent_session(ticket.session_id)
+    for reply in replies:
+        assert reply.model_extra["token_ids"] == greedy.model_extra["token_ids"]
+        assert len(reply.model_extra["token_ids"]) <= 6
+    for sampling, field in (
+        ({"temperature": -1.0}, "sampling.temperature"),
+        ({"max_tokens": 65}, "sampling.max_tokens"),
+    ):
+        with pytest.raises(ServiceCallError) as info:
+            rollout.open_agent_session(sampling=sampling)
+        assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and field in str(info.value)
 
 
 def test_unknown_and_expired_sessions_are_404(running, rollout):

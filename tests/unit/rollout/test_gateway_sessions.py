@@ -12,7 +12,8 @@ from rollout_service.codec import (
     encode_open_agent_session_request,
 )
 from rollout_service.gateway.sessions import SessionRegistry
-from rollout_service.gateway.types import AgentSequence, AgentTrajectory
+from rollout_service.gateway.types import AgentSequence, AgentTrajectory, PinnedSampling, Sampling
+from rollout_service.types import SamplingSpec
 
 
 class Clock:
@@ -65,6 +66,28 @@ def test_trajectory_and_ttl_codec_round_trip():
         [AgentSequence([5, 6, 7], [0, 1, 1], [0.0, -0.5, -0.25], [2, 3, 3])], 2, 4, 1
     )
     assert decode_agent_trajectory(encode_agent_trajectory(trajectory)) == trajectory
-    assert decode_open_agent_session_request(encode_open_agent_session_request(12.5)) == 12.5
+    assert decode_open_agent_session_request(encode_open_agent_session_request(12.5)) == (12.5, None)
     with pytest.raises(Exception, match="ttl_seconds"):
         decode_open_agent_session_request(encode_open_agent_session_request(-1))
+
+
+def test_a_pinned_sampling_round_trips_with_unset_fields_at_their_defaults():
+    request = encode_open_agent_session_request(5.0, {"temperature": 0.7, "top_k": 20, "max_tokens": None})
+    ttl, pinned = decode_open_agent_session_request(request)
+    assert ttl == 5.0 and pinned is not None
+    assert (pinned.spec.temperature, pinned.spec.top_k, pinned.spec.top_p) == (pytest.approx(0.7), 20, 1.0)
+    assert pinned.max_tokens is None  # no cap: each call keeps its own
+
+
+def test_a_pinned_sampling_replaces_the_calls_distribution_and_caps_its_length():
+    pinned = PinnedSampling(SamplingSpec(temperature=0.0, top_p=0.9, top_k=5, min_p=0.1), max_tokens=8)
+    asked = Sampling(SamplingSpec(temperature=1.5, top_p=1.0, max_tokens=64, stop=("##",), seed=3), 64)
+    applied = pinned.apply(asked)
+    spec = applied.spec
+    assert (spec.temperature, spec.top_p, spec.top_k, spec.min_p) == (0.0, 0.9, 5, 0.1)
+    assert applied.max_tokens == spec.max_tokens == 8
+    assert (spec.stop, spec.seed) == (("##",), 3)  # the call's own
+    shorter = pinned.apply(Sampling(SamplingSpec(max_tokens=4), 4))
+    assert shorter.max_tokens == shorter.spec.max_tokens == 4
+    unset = pinned.apply(Sampling(SamplingSpec(max_tokens=1), None))
+    assert unset.max_tokens is None  # the gateway gives what the context leaves, within the cap

@@ -363,10 +363,12 @@ class CloseWeightChannelResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class OpenAgentSessionRequest(_message.Message):
-    __slots__ = ("ttl_seconds",)
+    __slots__ = ("ttl_seconds", "sampling")
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
     ttl_seconds: float
-    def __init__(self, ttl_seconds: _Optional[float] = ...) -> None: ...
+    sampling: SamplingParams
+    def __init__(self, ttl_seconds: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
 
 class OpenAgentSessionResponse(_message.Message):
     __slots__ = ("session_id", "expires_unix_ms")
