@@ -68,15 +68,9 @@ class AgentGateway:
     # ------------------------------------------------------------- sessions
     def open_session(self, ttl_s: float = 0.0, sampling: PinnedSampling | None = None) -> SessionTicket:
         """A session of ``ttl_s`` seconds (0: the server's); ``sampling``: the distribution its calls
-        sample from whatever they ask (its max_tokens checked against the gateway's bound)."""
+        sample from whatever they ask (a call's length stays within the gateway's ``max_tokens`` too)."""
         if sampling is not None:
             sampling = PinnedSampling(validate_sampling(sampling.spec), sampling.max_tokens)
-            if sampling.max_tokens is not None and sampling.max_tokens > self.settings.max_tokens:
-                raise InvalidArgument(
-                    f"must be <= {self.settings.max_tokens} (the server's gateway.max_tokens), got "
-                    f"{sampling.max_tokens}",
-                    field="sampling.max_tokens",
-                )
         return self.sessions.open(ttl_s, sampling)
 
     def trajectory(self, session_id: str, *, close: bool = False) -> AgentTrajectory:
