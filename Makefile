@@ -79,7 +79,8 @@ test: setup
 test-fast: setup
 	$(BIN)/pytest -q -m "not slow and not containers"
 
-# `make run CONFIG=configs/tools.yaml`: the tool-calling demo (a calculator over multi-turn episodes).
+# `make run CONFIG=configs/tools.yaml`: the tool-calling demo (a calculator over multi-turn episodes);
+# `make run CONFIG=configs/agent.yaml`: the same task played by an OpenAI-SDK agent through the gateway.
 CONFIG ?= configs/demo.yaml
 run: setup
 	$(PY) -m trainer_service demo --config $(CONFIG)

@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,12 @@ import yaml
 
 from grpo_runtime.call_errors import ServiceCallError
 from trainer_service.client import TrainerClient
+from trainer_service.config.agents import AgentsConfig
 from trainer_service.config.run_config import ConfigError, RunConfig, load_config, local_reward_settings
 from trainer_service.core.confinement import unix_socket_path
 from trainer_service.core.output_dir import completed_resume, record_completion
 from trainer_service.core.types import JobEvent, RunState, discard
-from trainer_service.local.launcher import spawn_service, start_local_services, wait_serving
+from trainer_service.local.launcher import spawn_service, start_agent, start_local_services, wait_serving
 from trainer_service.local.progress import ProgressSink
 from trainer_service.rollout.cpu_placement import local_rollout_threads
 from trainer_service.training.builders import resolve_device
@@ -92,23 +93,31 @@ def demo(argv: Sequence[str]) -> int:
     raw = yaml.safe_load(args.config.read_text())
     log_dir = config.output_dir / "services"
     print(f"starting reward and rollout services (logs in {log_dir}) ...", file=sys.stderr)
-    with start_local_services(
-        need_reward=config.services.reward is None,
-        need_rollout=config.services.rollout is None,
-        model=config.services.rollout_model or config.base,
-        engine=config.services.rollout_engine,
-        log_dir=log_dir,
-        startup_timeout_s=config.services.startup_timeout_s,
-        # An async run on CPU splits the cores between trainer and rollout (the trainer does its half).
-        rollout_threads=local_rollout_threads(config, resolve_device(config).type),
-        environment=(config.services.environment or config.services.reward or "reward")
-        if config.training.tools.episode_environments
-        else None,
-        reward_settings=local_reward_settings(config),
-    ) as local:
+    agents = config.training.agents
+    with (
+        ExitStack() as stack,
+        start_local_services(
+            need_reward=config.services.reward is None,
+            need_rollout=config.services.rollout is None,
+            model=config.services.rollout_model or config.base,
+            engine=config.services.rollout_engine,
+            log_dir=log_dir,
+            startup_timeout_s=config.services.startup_timeout_s,
+            # An async run on CPU splits the cores between trainer and rollout (the trainer does its half).
+            rollout_threads=local_rollout_threads(config, resolve_device(config).type),
+            environment=(config.services.environment or config.services.reward or "reward")
+            if config.training.tools.episode_environments
+            else None,
+            reward_settings=local_reward_settings(config),
+            gateway=agents is not None and config.services.rollout is None,
+        ) as local,
+    ):
         raw.setdefault("services", {})
         raw["services"]["reward"] = config.services.reward or local.reward_target
         raw["services"]["rollout"] = config.services.rollout or local.rollout_target
+        if agents is not None:
+            timeout_s = config.services.startup_timeout_s
+            _start_demo_agent(agents, raw["training"]["agents"], local.gateway_url, log_dir, stack, timeout_s)
         settings_file = log_dir / "trainer.yaml"
         settings_file.write_text(yaml.safe_dump(_demo_trainer_settings(config)))
         trainer = spawn_service("trainer_service", ["--config", str(settings_file)], log_dir=log_dir)
@@ -132,6 +141,26 @@ def demo(argv: Sequence[str]) -> int:
     if change is not None:
         print(change)
     return 0 if final.state is RunState.COMPLETED else 1
+
+
+def _start_demo_agent(
+    agents: AgentsConfig,
+    raw: dict[str, Any],
+    gateway_url: str | None,
+    log_dir: Path,
+    stack: ExitStack,
+    startup_timeout_s: float,
+) -> None:
+    """Start ``agents.command`` (stopped when ``stack`` closes) and point the run's raw ``training.agents``
+    at it and at the local gateway: a trainer service runs no command a caller names."""
+    if agents.command is not None:
+        print(f"starting the agent: {' '.join(agents.command)}", file=sys.stderr)
+        agent = start_agent(agents.command, log_dir=log_dir, startup_timeout_s=startup_timeout_s)
+        stack.callback(agent.stop)
+        raw.pop("command")
+        raw["target"] = agent.target
+    if gateway_url is not None:
+        raw["gateway_url"] = gateway_url
 
 
 def _demo_trainer_settings(config: RunConfig) -> dict[str, Any]:

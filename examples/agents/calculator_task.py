@@ -93,8 +93,8 @@ def reward(answer: str, task: dict[str, Any]) -> float | None:
 
 @dataclass(frozen=True)
 class Sampling:
-    """How an agent calls the policy. Sample at the run's ``training.generation.temperature`` (the trainer
-    recomputes logprobs at it); ``max_tokens`` per call, ``max_turns`` model calls per episode."""
+    """How an agent calls the policy: ``max_tokens`` per call, ``max_turns`` model calls per episode. The
+    trainer's sessions pin the run's own sampling (temperature included) whatever an agent sends."""
 
     model: str = "policy"
     temperature: float = 1.0

@@ -10,10 +10,16 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 
 from trainer_service.config.fields import StrictModel
 from trainer_service.config.rollout_targets import parse_target
+
+# Placeholders of training.agents.command, replaced when the command line starts the agent.
+PORT_PLACEHOLDER = "{port}"
+PYTHON_PLACEHOLDER = "{python}"
+# Placeholder of training.agents.gateway_url: the host of the replica an episode's session is on.
+HOST_PLACEHOLDER = "{host}"
 
 
 def _agent_target(text: str) -> str:
@@ -27,17 +33,51 @@ def _gateway_url(text: str) -> str:
     return text
 
 
+def gateway_base_url(gateway_url: str, replica_address: str) -> str:
+    """``gateway_url`` with ``{host}`` replaced by the host of the replica's gRPC address (``HOST:PORT`` or
+    ``[IPV6]:PORT``, brackets kept): where the agent reaches the gateway of the replica its session is on."""
+    host = replica_address.rsplit(":", 1)[0] if ":" in replica_address else replica_address
+    return gateway_url.replace(HOST_PLACEHOLDER, host)
+
+
+def _agent_command(argv: list[str]) -> list[str]:
+    if not any(PORT_PLACEHOLDER in arg for arg in argv):
+        raise ValueError(f"no argument holds {PORT_PLACEHOLDER} (the port the agent must serve on)")
+    return argv
+
+
 class AgentsConfig(StrictModel):
     """Agents that play episodes against the policy through the rollout service's OpenAI-compatible gateway;
     the trainer trains on the tokens the gateway recorded (mask 1 on sampled tokens only)."""
 
-    target: Annotated[str, AfterValidator(_agent_target)] = Field(
+    target: Annotated[str, AfterValidator(_agent_target)] | None = Field(
+        default=None,
         description="The AgentService address: HOST:PORT, or another gRPC target (unix:PATH, inside the "
-        "trainer service's socket_roots for a run started over StartRun), dialled as services.* are."
+        "trainer service's socket_roots for a run started over StartRun), dialled as services.* are. "
+        "Exactly one of target and command.",
     )
-    gateway_url: Annotated[str, AfterValidator(_gateway_url)] = Field(
+    command: (
+        Annotated[
+            list[Annotated[str, Field(min_length=1, max_length=4096)]],
+            Field(min_length=1, max_length=256),
+            AfterValidator(_agent_command),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="An agent the trainer's command line (train, demo) starts for the run and stops after "
+        f"it: argv, where {PORT_PLACEHOLDER} is a free loopback port it must serve AgentService on and "
+        f"{PYTHON_PLACEHOLDER} the trainer's Python, e.g. [{PYTHON_PLACEHOLDER}, -m, "
+        f"examples.agents.openai_sdk_agent, --port, {PORT_PLACEHOLDER}]. A run started over StartRun may not "
+        "set it (the service runs no command a caller names).",
+    )
+    gateway_url: Annotated[str, AfterValidator(_gateway_url)] | None = Field(
+        default=None,
         description="The rollout service's OpenAI gateway as the agent reaches it, http://HOST:PORT (its "
-        "--openai-port); an episode's base URL is this + /sessions/<id>/v1."
+        "--openai-port); an episode's base URL is this + /sessions/<id>/v1. With several rollout replicas, "
+        f"{HOST_PLACEHOLDER} stands for the host of the replica an episode's session is on "
+        f"(http://{HOST_PLACEHOLDER}:8000). Unset: the rollout service the run starts itself (no "
+        "services.rollout) serves one on a free loopback port.",
     )
     max_concurrent_episodes: int = Field(
         default=8,
@@ -66,3 +106,9 @@ class AgentsConfig(StrictModel):
         description="Weight of the agent's own reward (RunEpisodeResponse.reward) beside "
         "training.rewards.reward_fn's terms, which score the decoded completion; 0 = not a reward term.",
     )
+
+    @model_validator(mode="after")
+    def _one_agent(self) -> AgentsConfig:
+        if (self.target is None) == (self.command is None):
+            raise ValueError("set exactly one of target (a running agent) and command (one to start)")
+        return self

@@ -35,6 +35,7 @@ from pydantic import AfterValidator, Field, ValidationError, field_validator, mo
 # (``training.optimizer.learning_rate: must be > 0``), so whatever handles a service's config error handles a
 # run config's too.
 from grpo_runtime.config import ConfigError, safe_load_yaml, validation_errors
+from trainer_service.config.agents import HOST_PLACEHOLDER
 from trainer_service.config.fields import FiniteParams, StrictModel
 from trainer_service.config.key_paths import nearest_key
 from trainer_service.config.retired_keys import without_retired_keys
@@ -279,27 +280,33 @@ def _objective_errors(config: RunConfig) -> Problems:
 
 
 def _agent_errors(config: RunConfig) -> Problems:
-    """Agent episodes need one rollout replica whose gateway the agent reaches, no tool episodes, and sync
-    training without held-out evaluation or dynamic sampling (not built for agents yet)."""
+    """Agent episodes need the gateway of each rollout replica, as the agent reaches it, and no tool
+    episodes."""
     if config.training.agents is None:
         return
     if config.training.tools.episode_environments:
         yield "training.agents", "cannot be combined with training.tools (the agent runs its own tools)"
-    if config.services.rollout is None or len(config.services.rollout) != 1:
+    rollout = config.services.rollout
+    gateway_url = config.training.agents.gateway_url
+    several = rollout is not None and (len(rollout) > 1 or any(parse_target(t).dynamic for t in rollout))
+    if several and gateway_url is not None and HOST_PLACEHOLDER not in gateway_url:
         yield (
-            "services.rollout",
-            "training.agents needs exactly one rollout service address, the one serving "
-            "training.agents.gateway_url (a session lives on one replica)",
+            "training.agents.gateway_url",
+            f"must hold {HOST_PLACEHOLDER} with several rollout replicas (each episode's session lives on "
+            f"one replica; the agent must dial that replica's gateway, e.g. http://{HOST_PLACEHOLDER}:8000)",
         )
-    t = config.training
-    not_yet = {
-        "training.rollout.async_rollout": t.rollout.async_rollout,
-        "training.sampling.dynamic_sampling": t.sampling.dynamic_sampling is not None,
-        "training.evaluation.eval_steps": bool(t.evaluation.eval_steps),
-    }
-    for key, enabled in not_yet.items():
-        if enabled:
-            yield key, "is not supported with training.agents yet (agent episodes run in sync mode only)"
+    if rollout is not None and gateway_url is None:
+        yield (
+            "training.agents.gateway_url",
+            "must name the gateway of services.rollout (only a rollout service the run starts itself gets "
+            "one on a free port)",
+        )
+    if rollout is None and config.training.agents.gateway_url is not None:
+        yield (
+            "training.agents.gateway_url",
+            "names the gateway of services.rollout, which is unset: the rollout service this run starts "
+            "serves its own gateway (unset gateway_url)",
+        )
 
 
 def _guard_errors(config: RunConfig) -> Problems:

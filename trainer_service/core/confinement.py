@@ -18,7 +18,8 @@ worker starts:
   ``training.agents.target``): inside one of ``socket_roots``;
 - ``training.tools.functions[i]`` (``module:function``, imported by the reward service a run starts):
   listed in ``allowed_tools``; ``training.report_to`` (each integration imports its package): listed in
-  ``allowed_report_to`` or ``none``.
+  ``allowed_report_to`` or ``none``; ``training.agents.command``: refused (a service runs no caller's
+  command).
 
 Relative paths are relative to the service's working directory, as the worker reads them. The CLI's ``train``
 runs as the user on the user's own files and code and does not go through here.
@@ -251,8 +252,15 @@ def _sockets(config: RunConfig, roots: RunRoots) -> None:
 
 
 def _imports(config: RunConfig, allowed: RunAllowList) -> None:
-    """Names a run's processes would import: function tools and reporting integrations."""
+    """Names a run's processes would import or run: function tools, reporting integrations, and an agent
+    command (never: only the command line starts one)."""
     t = config.training
+    if t.agents is not None and t.agents.command is not None:
+        raise _refused(
+            "training.agents.command",
+            "a trainer service runs no command a caller names; start the agent yourself and set "
+            "training.agents.target",
+        )
     for index, tool in enumerate(t.tools.functions or []):
         if tool not in allowed.tools:
             raise _refused(

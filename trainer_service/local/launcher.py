@@ -29,6 +29,7 @@ from typing import IO
 
 from grpo_runtime.call_errors import ServiceCallError
 from grpo_runtime.client import ChannelConfig, ServiceClient
+from trainer_service.config.agents import PORT_PLACEHOLDER, PYTHON_PLACEHOLDER
 
 SHARED_MEMORY_ROOT = Path("/dev/shm")
 SHARED_MEMORY_PREFIX = "grpo-weight-shm-"
@@ -101,19 +102,54 @@ def spawn_service(
 ) -> ServiceProcess:
     """Run ``python -m MODULE --host 127.0.0.1 --port P ARGS`` without waiting for it to be ready."""
     port = port or free_port()
-    target = f"127.0.0.1:{port}"
+    command = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port), *args]
+    return spawn_command(module, command, port, log_dir=log_dir, env=env)
+
+
+def spawn_command(
+    name: str,
+    command: Sequence[str],
+    port: int,
+    *,
+    log_dir: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> ServiceProcess:
+    """Run ``command``, a gRPC server that will listen on ``127.0.0.1:port``, logging to
+    ``log_dir/NAME.log`` (nowhere without ``log_dir``); nothing is downloaded from a model hub."""
     child_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
     log_path = None
     stream: IO[bytes] | int
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = log_dir / f"{module}.log"
+        log_path = log_dir / f"{name}.log"
         stream = log_path.open("ab")
     else:
         stream = subprocess.DEVNULL
-    command = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port), *args]
-    process = subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=child_env)
-    return ServiceProcess(name=module, process=process, target=target, log_path=log_path)
+    process = subprocess.Popen(list(command), stdout=stream, stderr=subprocess.STDOUT, env=child_env)
+    return ServiceProcess(name=name, process=process, target=f"127.0.0.1:{port}", log_path=log_path)
+
+
+def start_agent(
+    command: Sequence[str],
+    *,
+    log_dir: Path | None = None,
+    env: dict[str, str] | None = None,
+    startup_timeout_s: float = 180.0,
+) -> ServiceProcess:
+    """Start an agent (``training.agents.command``: ``{port}`` becomes a free loopback port, ``{python}``
+    this Python) and wait until its gRPC health check is SERVING."""
+    port = free_port()
+    argv = [
+        arg.replace(PORT_PLACEHOLDER, str(port)).replace(PYTHON_PLACEHOLDER, sys.executable)
+        for arg in command
+    ]
+    agent = spawn_command("agent", argv, port, log_dir=log_dir, env=env)
+    try:
+        wait_serving(agent.target, agent.process, startup_timeout_s, f"agent ({argv[0]})")
+    except BaseException:
+        agent.stop(grace_s=5.0)
+        raise
+    return agent
 
 
 def start_service(
@@ -136,6 +172,7 @@ class LocalServices:
     reward: ServiceProcess | None = None
     rollout: ServiceProcess | None = None
     weight_shm_dir: Path | None = None  # the rollout service's, removed on close
+    gateway_url: str | None = None  # the rollout service's OpenAI gateway, when it serves one
 
     @property
     def reward_target(self) -> str:
@@ -228,6 +265,7 @@ def start_local_services(
     rollout_threads: int | None = None,
     environment: str | None = None,
     reward_settings: dict | None = None,
+    gateway: bool = False,
 ) -> LocalServices:
     """Start the services a run lacks, side by side, and wait until each is SERVING.
 
@@ -235,6 +273,8 @@ def start_local_services(
     async run on CPU passes ``overlap_threads()[1]``. ``environment``: the environment service the rollout
     service's episodes use as their default target; "reward" = the reward service started here.
     ``reward_settings``: the started reward service's settings (its ``--config``; None = its defaults).
+    ``gateway``: the rollout service also serves its OpenAI gateway, on a free loopback port
+    (``gateway_url``).
     The rollout service's ``weight_shm_dir`` is a new directory in ``/dev/shm`` where there is one
     (:func:`shared_memory_dir`).
     """
@@ -257,6 +297,10 @@ def start_local_services(
                 # Its episodes dial the environment service by default.
                 episodes = {"episodes": {"targets": {"default": environment}}}
                 rollout_args += ["--config", str(_settings_file("rollout_service", episodes, log_dir))]
+            if gateway:
+                openai_port = free_port()
+                rollout_args += ["--openai-port", str(openai_port)]
+                services.gateway_url = f"http://127.0.0.1:{openai_port}"
             services.weight_shm_dir = shared_memory_dir()
             if services.weight_shm_dir is not None:
                 rollout_args += ["--weight-shm-dir", str(services.weight_shm_dir)]

@@ -125,6 +125,25 @@ def agent_metrics(completions: Sequence[AgentCompletion]) -> dict[str, float]:
     }
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where an episode's session lives: a rollout replica, and its gateway as the agent reaches it
+    (``http://HOST:PORT``; the base URL adds ``/sessions/<id>/v1``)."""
+
+    rollout: RolloutClient
+    gateway_url: str
+
+
+@dataclass(frozen=True)
+class _Table:
+    """What the episodes of one batch share: the agent's channel, the sampling pinned on their sessions
+    and the concurrency slots."""
+
+    agent: AgentClient
+    sampling: Mapping[str, Any]
+    slots: asyncio.Semaphore
+
+
 class AgentEpisodes:
     """Plays a batch's episodes on one rollout replica, at most ``max_concurrent_episodes`` at a time.
 
@@ -151,37 +170,49 @@ class AgentEpisodes:
         """The row of ``prompt`` (just the prompt for one that is in no dataset)."""
         return self._tasks.get(prompt_key(prompt)) or {"prompt": jsonable(prompt)}
 
-    def play(self, prompts: Sequence[Any], rollout: RolloutClient, step: int, version: int) -> list[Any]:
-        """One completion per prompt, in order; ``version`` is the policy version a failed one is given."""
-        return asyncio.run(self._play_all(prompts, rollout, step, version))
+    def play(
+        self,
+        prompts: Sequence[Any],
+        placements: Sequence[Placement],
+        sampling: Mapping[str, Any],
+        name: str,
+        version: int,
+    ) -> list[Any]:
+        """One completion per prompt, in order, the episode of ``prompts[i]`` in a session on
+        ``placements[i]``. ``sampling`` (SamplingParams fields): the distribution every call of the episodes
+        samples from, pinned on their sessions whatever the agent asks; ``name`` prefixes the episode ids;
+        ``version`` is the policy version a failed one is given."""
+        if len(placements) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(placements)} placements")
+        return asyncio.run(self._play_all(prompts, placements, sampling, name, version))
 
     async def _play_all(
-        self, prompts: Sequence[Any], rollout: RolloutClient, step: int, version: int
+        self,
+        prompts: Sequence[Any],
+        placements: Sequence[Placement],
+        sampling: Mapping[str, Any],
+        name: str,
+        version: int,
     ) -> list[AgentCompletion]:
         slots = asyncio.Semaphore(self.config.max_concurrent_episodes)
         async with AgentClient(self.agent) as agent:
+            table = _Table(agent, sampling, slots)
             episodes = [
-                self._episode(agent, rollout, slots, self.task(prompt), f"step{step}-{index}", version)
-                for index, prompt in enumerate(prompts)
+                self._episode(table, place, self.task(prompt), f"{name}-{index}", version)
+                for index, (prompt, place) in enumerate(zip(prompts, placements, strict=True))
             ]
             return list(await asyncio.gather(*episodes))
 
     async def _episode(
-        self,
-        agent: AgentClient,
-        rollout: RolloutClient,
-        slots: asyncio.Semaphore,
-        task: dict[str, Any],
-        name: str,
-        version: int,
+        self, table: _Table, place: Placement, task: dict[str, Any], name: str, version: int
     ) -> AgentCompletion:
         """The first attempt that succeeds, or after ``1 + max_episode_retries`` failures a failed one."""
         attempts = 1 + self.config.max_episode_retries
         reasons = []
         for attempt in range(attempts):
-            async with slots:
+            async with table.slots:
                 try:
-                    completion = await self._attempt(agent, rollout, task, f"{name}-try{attempt}")
+                    completion = await self._attempt(table, place, task, f"{name}-try{attempt}")
                     return replace(completion, attempts=attempt + 1)
                 except EpisodeFailed as failure:
                     log.warning("agent episode %s-try%d failed: %s", name, attempt, failure)
@@ -189,20 +220,22 @@ class AgentEpisodes:
         return failed_completion(self.end_token_id, version, "; ".join(reasons), attempts)
 
     async def _attempt(
-        self, agent: AgentClient, rollout: RolloutClient, task: dict[str, Any], episode_id: str
+        self, table: _Table, place: Placement, task: dict[str, Any], episode_id: str
     ) -> AgentCompletion:
-        timeout_s = self.config.episode_timeout_s
-        ticket = await asyncio.to_thread(rollout.open_agent_session, timeout_s + SESSION_GRACE_S)
+        timeout_s, rollout = self.config.episode_timeout_s, place.rollout
+        ticket = await asyncio.to_thread(
+            rollout.open_agent_session, timeout_s + SESSION_GRACE_S, sampling=table.sampling
+        )
         read = False
         try:
             request = EpisodeTask(
                 task=task,
-                base_url=f"{self.config.gateway_url}/sessions/{ticket.session_id}/v1",
+                base_url=f"{place.gateway_url}/sessions/{ticket.session_id}/v1",
                 deadline_unix_ms=int((time.time() + timeout_s) * 1000),
                 episode_id=episode_id,
             )
             try:
-                report = await agent.run_episode(request, timeout_s=timeout_s)
+                report = await table.agent.run_episode(request, timeout_s=timeout_s)
             except ServiceCallError as error:
                 raise EpisodeFailed(f"RunEpisode: {error}") from error
             if report.reward is not None and not math.isfinite(report.reward):

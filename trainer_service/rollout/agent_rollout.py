@@ -3,18 +3,25 @@
 It is :class:`~trainer_service.rollout.service_rollout.ServiceRollout` with another source of completions:
 the weight sync around each generation, the version check and the retry of a step whose rollout service is
 down are the same; the completions come from
-:class:`~trainer_service.rollout.agent_episodes.AgentEpisodes` on the one replica serving the gateway, and
-reach TRL on the tool episodes' path (``env_mask``, ``env_reward``).
+:class:`~trainer_service.rollout.agent_episodes.AgentEpisodes`, each group's sessions on one replica (the
+agent dials that replica's gateway: ``training.agents.gateway_url``, ``{host}`` its host), and reach TRL on
+the tool episodes' path (``env_mask``, ``env_reward``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from trainer_service.rollout.agent_episodes import AgentEpisodes, agent_metrics
+from trainer_service.config.agents import gateway_base_url
+from trainer_service.rollout.agent_episodes import AgentEpisodes, Placement, agent_metrics
 from trainer_service.rollout.episodes import episode_fields, fill_empty_completions
-from trainer_service.rollout.replicas import RolloutReplicas, RolloutUnavailable
-from trainer_service.rollout.service_rollout import SamplingConfig, ServiceRollout
+from trainer_service.rollout.replicas import RolloutReplicas, RolloutUnavailable, shard_bounds
+from trainer_service.rollout.service_rollout import (
+    SamplingConfig,
+    ServiceRollout,
+    group_runs,
+    keep_fresh_tokens,
+)
 from trainer_service.rollout.weight_sync import WeightSync
 
 
@@ -31,19 +38,37 @@ class AgentRollout(ServiceRollout):
         agents: AgentEpisodes,
         *,
         retry_timeout_s: float = 300.0,
+        name: str = "step",
     ) -> None:
         super().__init__(client, sync, sampling, num_generations, retry_timeout_s=retry_timeout_s)
         self.agents = agents
+        self.name = name  # episode ids are NAME<step>-<index>-try<attempt>
 
     def generate(self, prompts: list[Any], step: int, *, partial: bool = False) -> list[Any]:
-        """The episodes of ``prompts`` on the first replica serving the trainer's version (the config
-        allows exactly one: the gateway's); ``partial`` has no meaning for agent calls and is ignored."""
+        """The episodes of ``prompts``, each group's sessions on one replica serving the trainer's version
+        (contiguous shards of near-equal size, as for Generate), pinned to this rollout's sampling.
+        ``partial`` has no meaning here: each model call is one request, and a weight push between an
+        episode's calls already makes its tokens span versions (``token_versions``)."""
         replicas = list(self.sync.ready)
         if not replicas:
             raise RolloutUnavailable(f"no rollout replica serves policy version {self.sync.current_version}")
         assert self.client is not None
+        gateway_url = self.agents.config.gateway_url
+        if gateway_url is None:
+            raise ValueError("training.agents.gateway_url was not resolved before the run started")
+        runs = group_runs(prompts, self.num_generations)
+        placements: list[Placement] = []
+        bounds = shard_bounds([count for _, count in runs], len(replicas))
+        # Fewer groups than replicas leave the extra replicas idle.
+        for replica, (start, end) in zip(replicas[: len(bounds)], bounds, strict=True):
+            place = Placement(
+                self.client.client(replica.address), gateway_base_url(gateway_url, replica.address)
+            )
+            placements += [place] * sum(count for _, count in runs[start:end])
+        sampling = self.sampling.for_step(step, self.calls).as_dict()
+        self.calls += 1
         version = self.sync.current_version or 0
-        return self.agents.play(prompts, self.client.client(replicas[0].address), step, version)
+        return self.agents.play(prompts, placements, sampling, f"{self.name}{step}", version)
 
     def to_trl(
         self,
@@ -51,12 +76,12 @@ class AgentRollout(ServiceRollout):
         expected_version: int | None,
         token_keep: list[list[int]] | None = None,
     ) -> dict[str, list]:
-        """ServiceRollout's dict plus ``env_mask`` (the gateway's loss mask) and ``env_reward`` (the agent's
-        reward); ``token_keep`` (partial async rollouts) is refused by the config before a run starts."""
-        if token_keep is not None:
-            raise ValueError("agent episodes do not support partial rollouts")
+        """ServiceRollout's dict plus ``env_mask`` (the gateway's loss mask, times ``token_keep``: the async
+        per-token staleness bound) and ``env_reward`` (the agent's reward)."""
         out = super().to_trl(completions, expected_version)
         out.update(episode_fields(completions))
         fill_empty_completions(out, self.agents.end_token_id)
+        if token_keep is not None:
+            keep_fresh_tokens(out, token_keep)
         self.last_tool_metrics = agent_metrics(completions)
         return out

@@ -276,9 +276,15 @@ class ServiceRollout:
             fill_empty_completions(out, self.episodes.end_token_id)
             self.last_tool_metrics = tool_metrics(completions)
         if token_keep is not None:
-            masks = out.get("env_mask") or [[1] * len(ids) for ids in out["completion_ids"]]
-            out["env_mask"] = [
-                [m * k for m, k in zip(mask, keep, strict=True)] + mask[len(keep) :]
-                for mask, keep in zip(masks, token_keep, strict=True)
-            ]
+            keep_fresh_tokens(out, token_keep)
         return out
+
+
+def keep_fresh_tokens(out: dict[str, list], token_keep: list[list[int]]) -> None:
+    """Multiply ``token_keep`` (per completion token, 1 = trains, 0 = too stale) into ``out``'s ``env_mask``
+    (all ones where there is none): TRL trains on completion_mask × env_mask."""
+    masks = out.get("env_mask") or [[1] * len(ids) for ids in out["completion_ids"]]
+    out["env_mask"] = [
+        [m * k for m, k in zip(mask, keep, strict=True)] + mask[len(keep) :]
+        for mask, keep in zip(masks, token_keep, strict=True)
+    ]

@@ -238,9 +238,9 @@ def build_rollout(
         if shares_cores_with_rollout(config, settings.device.type, endpoints.rollout.target):
             cores = CoreBorrowing(share=overlap_threads()[0], total=cpu_cores())
             stack.callback(cores.detach)
-        func = AsyncServiceRollout(
-            service_rollout, t.rollout.max_staleness, cores, partial=t.rollout.partial_rollouts
-        )
+        # An agent episode's calls may straddle a push: its tokens are bounded one by one, as partial ones.
+        per_token = t.rollout.partial_rollouts or agents is not None
+        func = AsyncServiceRollout(service_rollout, t.rollout.max_staleness, cores, partial=per_token)
     return Rollout(replicas=replicas, sync=sync, func=func)
 
 
@@ -268,6 +268,7 @@ def build_evaluation(
         threshold=t.evaluation.pass_threshold,
         retry_timeout_s=config.services.retry_timeout_s,
         episodes=data.episodes,
+        agents=data.agents,
     )
     return EvaluationCallback(evaluator, t.evaluation.eval_steps, config.output_dir, sink)
 

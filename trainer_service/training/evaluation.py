@@ -10,7 +10,11 @@ appends one row to ``eval_metrics.jsonl``: ``{"step", "accuracy_greedy", "avg@n"
 Generation goes through :class:`~trainer_service.rollout.service_rollout.ServiceRollout` (the weight-sync
 bracket, retries with backoff, the version check) and scoring through
 :class:`~trainer_service.training.rewards.BatchScorer`, exactly as a training step does; completions are
-decoded as TRL decodes them (``skip_special_tokens``) so the reward sees the same text.
+decoded as TRL decodes them (``skip_special_tokens``) so the reward sees the same text. A tool-using run is
+evaluated on whole episodes; a run with ``training.agents`` on its agent's episodes
+(:class:`~trainer_service.rollout.agent_rollout.AgentRollout`, each session pinned to the pass's sampling,
+greedy included, whatever the agent asks), scored by ``reward_fn``'s terms (the agent's own reward is a
+training signal, not a held-out term).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import datasets
 from transformers import PreTrainedTokenizerBase, TrainerCallback, TrainerControl, TrainerState
 
 from trainer_service.core.types import EventSink, JobEvent, RunState, discard
+from trainer_service.rollout.agent_episodes import AgentEpisodes
+from trainer_service.rollout.agent_rollout import AgentRollout
 from trainer_service.rollout.episodes import EpisodePlan
 from trainer_service.rollout.replicas import RolloutReplicas
 from trainer_service.rollout.service_rollout import SamplingConfig, ServiceRollout
@@ -58,6 +64,7 @@ class HeldOutEvaluator:
         threshold: float,
         retry_timeout_s: float = 300.0,
         episodes: EpisodePlan | None = None,
+        agents: AgentEpisodes | None = None,
     ):
         self.dataset = dataset
         self.scorer = scorer
@@ -65,13 +72,19 @@ class HeldOutEvaluator:
         self.num_samples = num_samples
         self.threshold = threshold
         greedy = replace(sampling, temperature=0.0, top_p=1.0, top_k=None, min_p=None, seed=None)
-        # A tool-using run is evaluated on whole episodes, as it trains.
-        self._greedy = ServiceRollout(
-            replicas, sync, greedy, 1, retry_timeout_s=retry_timeout_s, episodes=episodes
-        )
-        self._sampled = ServiceRollout(
-            replicas, sync, sampling, num_samples, retry_timeout_s=retry_timeout_s, episodes=episodes
-        )
+
+        # A tool-using run is evaluated on whole episodes, and an agent run on its agent's, as it trains.
+        def rollout(sampling: SamplingConfig, n: int) -> ServiceRollout:
+            if agents is not None:
+                return AgentRollout(
+                    replicas, sync, sampling, n, agents, retry_timeout_s=retry_timeout_s, name="eval"
+                )
+            return ServiceRollout(
+                replicas, sync, sampling, n, retry_timeout_s=retry_timeout_s, episodes=episodes
+            )
+
+        self._greedy = rollout(greedy, 1)
+        self._sampled = rollout(sampling, num_samples)
 
     def evaluate(self, trainer: Any) -> dict[str, float]:
         """The metrics of the policy the trainer holds now (its pushed weights)."""

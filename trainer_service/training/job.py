@@ -42,7 +42,7 @@ from rollout_service.client import RolloutClient
 from trainer_service.config.reward_terms import RewardTerm
 from trainer_service.config.run_config import ConfigError, RunConfig, local_reward_settings
 from trainer_service.core.types import EventSink, JobEvent, RunState, discard
-from trainer_service.local.launcher import LocalServices, start_local_services
+from trainer_service.local.launcher import LocalServices, start_agent, start_local_services
 from trainer_service.rollout.cpu_placement import local_rollout_threads, trainer_cpu_threads
 from trainer_service.rollout.function_tools import check_served_tools
 from trainer_service.rollout.weight_sync import WeightSync
@@ -118,9 +118,10 @@ def channel_configs(
 
 def resolve_services(
     config: RunConfig, settings: JobSettings, stack: ExitStack, sink: EventSink
-) -> Endpoints:
+) -> tuple[RunConfig, Endpoints]:
     """Configured service addresses, or local services started for this job (stopped when ``stack``
-    closes).
+    closes); and the config with what was started for ``training.agents`` filled in (the agent's address
+    for a ``command``, the local rollout service's gateway URL).
     """
     s = config.services
     if config.training.tools.functions and (s.environment or s.reward) is not None:
@@ -129,8 +130,17 @@ def resolve_services(
             target=s.environment or s.reward, admin_token=settings.admin_token, tls_ca_file=s.tls_ca_file
         )
         check_served_tools(config.training.tools.functions, target, s.request_timeout_s)
+    endpoints, gateway_url = _service_endpoints(config, settings, stack, sink)
+    return _with_local_agent(config, gateway_url, stack, sink), endpoints
+
+
+def _service_endpoints(
+    config: RunConfig, settings: JobSettings, stack: ExitStack, sink: EventSink
+) -> tuple[Endpoints, str | None]:
+    """The reward and rollout endpoints, and the gateway URL of a rollout service started here."""
+    s = config.services
     if s.reward is not None and s.rollout is not None:
-        return channel_configs(config, settings, s.reward, s.rollout)
+        return channel_configs(config, settings, s.reward, s.rollout), None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError(
             "must be set for multi-process runs (every rank would start its own services)",
@@ -151,11 +161,36 @@ def resolve_services(
         if config.training.tools.episode_environments
         else None,
         reward_settings=local_reward_settings(config),
+        gateway=config.training.agents is not None,
     )
     stack.callback(local.close)
     reward = s.reward if s.reward is not None else local.reward_target
     rollout = s.rollout if s.rollout is not None else [local.rollout_target]
-    return channel_configs(config, settings, reward, rollout)
+    return channel_configs(config, settings, reward, rollout), local.gateway_url
+
+
+def _with_local_agent(
+    config: RunConfig, gateway_url: str | None, stack: ExitStack, sink: EventSink
+) -> RunConfig:
+    """``config`` with ``training.agents.command`` started (its address as ``target``; stopped when
+    ``stack`` closes) and ``gateway_url`` (a local rollout service's gateway) set."""
+    agents = config.training.agents
+    if agents is None:
+        return config
+    update: dict[str, Any] = {}
+    if agents.command is not None:
+        sink(JobEvent(step=0, total_steps=0, state=RunState.PENDING, message="starting the agent"))
+        agent = start_agent(
+            agents.command,
+            log_dir=config.output_dir / "services",
+            startup_timeout_s=config.services.startup_timeout_s,
+        )
+        stack.callback(agent.stop)
+        update.update(target=agent.target, command=None)
+    if gateway_url is not None:
+        update["gateway_url"] = gateway_url
+    training = config.training.model_copy(update={"agents": agents.model_copy(update=update)})
+    return config.model_copy(update={"training": training})
 
 
 def reward_requirements(client: RewardClient, terms: Sequence[RewardTerm]) -> dict[str, tuple[str, ...]]:
@@ -219,7 +254,7 @@ def run_job(
     config, _ = resolve_batch_size(config, settings.device)
     checkpoint = resolve_checkpoint(config, resume)
     with ExitStack() as stack:
-        endpoints = resolve_services(config, settings, stack, sink)
+        config, endpoints = resolve_services(config, settings, stack, sink)
         cpu = settings.device.type == "cpu"
         threads = trainer_cpu_threads(config, "cpu", endpoints.rollout.target) if cpu else None
         if threads is not None:

@@ -19,7 +19,7 @@ from trainer_service.config.agents import AgentsConfig
 from trainer_service.config.run_config import parse_config
 from trainer_service.core.types import RunState
 from trainer_service.local.launcher import start_local_services
-from trainer_service.rollout.agent_episodes import AgentEpisodes, agent_metrics
+from trainer_service.rollout.agent_episodes import AgentEpisodes, Placement, agent_metrics
 from trainer_service.training.callbacks import read_metrics
 from trainer_service.training.job import run_job
 
@@ -46,7 +46,7 @@ async def chat_agent(task, base_url, deadline):
     reply = await client.chat.completions.create(
         model="policy",
         messages=[{"role": "user", "content": question}],
-        max_tokens=8,
+        max_tokens=32,  # the trainer's session caps it
         temperature=1.0,
         extra_body={"return_token_ids": True},
     )
@@ -79,13 +79,17 @@ def test_failed_episodes_are_retried_then_masked_and_trained_tokens_are_the_gate
     questions = ["What is 2 + 2?", "raise", "hang", "nan", "flaky"]
     rows = [{"prompt": [{"role": "user", "content": q}], "answer": "4"} for q in questions]
     episodes = AgentEpisodes(config, ChannelConfig(target=agent_target), rows, end_token_id=7)
+    prompts = [row["prompt"] for row in rows]
     with RolloutClient(rollout_address, timeout_s=60) as rollout:
-        played = episodes.play([row["prompt"] for row in rows], rollout, step=0, version=0)
+        place = Placement(rollout, gateway_url)
+        sampling = {"temperature": 1.0, "max_tokens": 3}
+        played = episodes.play(prompts, [place] * len(prompts), sampling, "step0", version=0)
     ok, crashed, hung, nan, flaky = played
     for completion, question in ((ok, questions[0]), (flaky, "flaky")):
         assert completion.finish_reason == FinishReason.STOP
         sampled = [t for t, m in zip(completion.token_ids, completion.tool_mask, strict=True) if m]
         assert sampled == SAMPLED[question][-1]  # exactly the ids the gateway returned to the agent
+        assert 1 <= len(sampled) <= 3  # the session's cap, not the agent's 32
         assert completion.env_reward in (0.0, 1.0)
         assert len(completion.logprobs) == len(completion.token_ids) == len(completion.token_versions)
     assert ok.attempts == 1 and flaky.attempts == 2
@@ -101,27 +105,100 @@ def test_failed_episodes_are_retried_then_masked_and_trained_tokens_are_the_gate
     assert metrics["agents/retokenized_tokens"] == 0.0 and metrics["agents/prefix_mismatches"] == 0.0
 
 
-def test_a_run_trains_two_steps_on_agent_episodes(
-    tiny_models, train_file, gateway_rollout, agent_target, tmp_path
-):
+def train_with_agents(tiny_models, files, gateway_rollout, agent_target, output, **training):
+    """A run on the tiny policy whose episodes the agent plays; its metrics and eval rows."""
     rollout_address, gateway_url = gateway_rollout
+    train_file, eval_file = files
     with start_local_services(
-        need_reward=True, need_rollout=False, model=tiny_models["policy"], log_dir=tmp_path / "logs"
+        need_reward=True, need_rollout=False, model=tiny_models["policy"], log_dir=output / "logs"
     ) as local:
         raw = run_config(
             tiny_models,
             train_file,
-            tmp_path / "run",
+            output / "run",
             local.reward.target,
             rollout_address,
-            max_steps=2,
             agents={"target": agent_target, "gateway_url": gateway_url, "reward_weight": 0.5},
+            **training,
         )
+        raw["data"]["eval"] = str(eval_file)
         result = run_job(parse_config(raw))
     assert result.state is RunState.COMPLETED, result.message
-    rows = read_metrics(result.output_dir / "metrics.jsonl")
+    eval_path = result.output_dir / "eval_metrics.jsonl"
+    evals = read_metrics(eval_path) if eval_path.exists() else []
+    return read_metrics(result.output_dir / "metrics.jsonl"), evals
+
+
+@pytest.fixture
+def files(train_file, tmp_path):
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(train_file.read_text().splitlines(keepends=True)[:3]))
+    return train_file, eval_file
+
+
+def assert_agent_steps(rows: list[dict], steps: int) -> list[dict]:
     trained = [row for row in rows if "agents/episodes" in row]
-    assert len(trained) == 2, rows
+    assert len(trained) == steps, rows
     for row in trained:
-        assert row["agents/episodes"] == 4.0 and row["agents/failed_episodes"] == 0.0
+        assert row["agents/episodes"] >= 4.0 and row["agents/failed_episodes"] == 0.0, row
         assert row["agents/prefix_mismatches"] == 0.0
+    return trained
+
+
+def test_a_run_trains_on_agent_episodes_with_held_out_evaluation_and_dynamic_sampling(
+    tiny_models, files, gateway_rollout, agent_target, tmp_path
+):
+    rows, evals = train_with_agents(
+        tiny_models,
+        files,
+        gateway_rollout,
+        agent_target,
+        tmp_path,
+        max_steps=2,
+        evaluation={"eval_steps": 1, "num_generations_eval": 2},
+        sampling={"dynamic_sampling": {"max_gen_batches": 2}},
+    )
+    for row in assert_agent_steps(rows, 2):
+        assert 1 <= row["dynamic_sampling/generation_batches"] <= 2, row
+    # The agent's episodes, greedy and sampled, evaluated at step 0, 1 and 2.
+    assert [int(row["step"]) for row in evals] == [0, 1, 2]
+    for row in evals:
+        assert 0.0 <= row["accuracy_greedy"] <= 1.0 and any(k.startswith("pass@2") for k in row), row
+
+
+def test_an_async_run_bounds_agent_tokens_one_by_one(
+    tiny_models, files, gateway_rollout, agent_target, tmp_path
+):
+    rows, _ = train_with_agents(
+        tiny_models,
+        files,
+        gateway_rollout,
+        agent_target,
+        tmp_path,
+        max_steps=3,
+        rollout={"async_rollout": True, "max_staleness": 1},
+    )
+    trained = assert_agent_steps(rows, 3)
+    assert sum(row["async/prefetch_hits"] > 0 for row in trained) >= 1, trained
+    assert all(row["async/max_trained_token_lag"] <= 1 for row in trained), trained
+
+
+def test_a_run_starts_its_agent_and_its_rollout_gateway_itself(tiny_models, files, tmp_path):
+    """No services and an agent ``command``: the run starts a rollout service with its gateway on a free
+    port and the example OpenAI-SDK agent as a process, trains on its episodes, and stops both."""
+    command = ["{python}", "-m", "examples.agents.openai_sdk_agent", "--port", "{port}", "--max-turns", "2"]
+    raw = run_config(
+        tiny_models,
+        files[0],
+        tmp_path / "run",
+        "unused",
+        "unused",
+        max_steps=1,
+        agents={"command": command, "episode_timeout_s": 60},
+    )
+    raw["services"] = {}
+    result = run_job(parse_config(raw))
+    assert result.state is RunState.COMPLETED, result.message
+    assert_agent_steps(read_metrics(result.output_dir / "metrics.jsonl"), 1)
+    agent_log = (result.output_dir / "services" / "agent.log").read_text()
+    assert "agent service listening" in agent_log, agent_log

@@ -1,10 +1,11 @@
 """The ``training.agents`` block: its addresses checked, the agent's reward a weighted term, and what agent
-runs do not support yet refused naming the key."""
+runs cannot do refused naming the key."""
 
 from __future__ import annotations
 
 import pytest
 
+from trainer_service.config.agents import gateway_base_url
 from trainer_service.config.run_config import ConfigError, parse_config
 from trainer_service.rollout.agent_episodes import uses_agent_reward
 from trainer_service.training.builders import _reward_weights
@@ -45,15 +46,37 @@ def test_bad_values_name_their_key(agents, key):
 
 
 @pytest.mark.parametrize(
-    ("training", "services", "key"),
+    ("agents", "training", "services", "key"),
     [
-        ({"rollout": {"async_rollout": True}}, None, "training.rollout.async_rollout"),
-        ({"sampling": {"dynamic_sampling": {}}}, None, "training.sampling.dynamic_sampling"),
-        ({"tools": {"environment": "calculator"}}, None, "training.agents"),
-        ({}, {}, "services.rollout"),
-        ({}, {"rollout": ["127.0.0.1:1", "127.0.0.1:2"]}, "services.rollout"),
+        ({}, {"tools": {"environment": "calculator"}}, None, "training.agents"),
+        # A locally started rollout service serves its own gateway on a free port.
+        ({}, {}, {}, "training.agents.gateway_url"),
+        ({"gateway_url": None}, {}, None, "training.agents.gateway_url"),
+        ({}, {}, {"rollout": ["127.0.0.1:1", "127.0.0.1:2"]}, "training.agents.gateway_url"),
+        ({}, {}, {"rollout": "dns:///rollout.ns:50052"}, "training.agents.gateway_url"),
+        ({"command": ["agent", "--port", "{port}"]}, {}, None, "training.agents"),
+        ({"target": None, "command": ["agent", "--port", "50060"]}, {}, None, "training.agents.command"),
+        ({"target": None}, {}, None, "training.agents"),
     ],
 )
-def test_what_agent_runs_do_not_support_is_refused(training, services, key):
+def test_what_agent_runs_cannot_do_is_refused(agents, training, services, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        parse_config(config(services=services, **training))
+        parse_config(config(agents, services=services, **training))
+
+
+@pytest.mark.parametrize(
+    ("agents", "services"),
+    [
+        ({"target": None, "command": ["{python}", "agent.py", "--port={port}"], "gateway_url": None}, {}),
+        ({"gateway_url": "http://{host}:8000"}, {"rollout": ["10.0.0.1:50052", "10.0.0.2:50052"]}),
+        ({"gateway_url": "http://{host}:8000"}, {"rollout": "dns:///rollout.ns:50052"}),
+    ],
+)
+def test_local_agents_and_several_replicas_are_accepted(agents, services):
+    parse_config(config(agents, services=services))
+
+
+def test_each_replica_has_its_gateway_on_its_own_host():
+    assert gateway_base_url("http://{host}:8000", "10.0.0.2:50052") == "http://10.0.0.2:8000"
+    assert gateway_base_url("http://{host}:8000", "[fd00::1]:50052") == "http://[fd00::1]:8000"
+    assert gateway_base_url("http://gw.local:8000", "10.0.0.2:50052") == "http://gw.local:8000"

@@ -1,7 +1,7 @@
 """What a StartRun config may name beyond data paths, checked without gRPC: function tools and reporting
 integrations only from the service's allow-lists, models only under its model roots (or a hub id), unix
-socket addresses only under its socket roots, an eval baseline only under its runs or data roots, and no
-inline DeepSpeed config."""
+socket addresses only under its socket roots, an eval baseline only under its runs or data roots, no agent
+command and no inline DeepSpeed config."""
 
 from __future__ import annotations
 
@@ -205,3 +205,15 @@ def test_an_inline_deepspeed_config_is_refused_and_a_file_under_the_data_roots_i
     )
     (tmp_path / "data" / "ds.json").write_text("{}")
     assert accepted(config(tmp_path, {"model": {"deepspeed": str(tmp_path / "data" / "ds.json")}}), settings)
+
+
+def test_an_agent_command_is_refused_and_a_running_agent_is_not(tmp_path, settings):
+    services = {"rollout": "127.0.0.1:50052"}
+    command = {
+        "command": ["{python}", "-m", "agent", "--port", "{port}"],
+        "gateway_url": "http://127.0.0.1:8000",
+    }
+    spawned = config(tmp_path, {"agents": command}, services=services)
+    assert refused_key(spawned, settings) == "training.agents.command"
+    running = {"target": "127.0.0.1:50060", "gateway_url": "http://127.0.0.1:8000"}
+    assert accepted(config(tmp_path, {"agents": running}, services=services), settings)
