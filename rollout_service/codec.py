@@ -353,6 +353,7 @@ def encode_status_response(status: StatusInfo, *, admin: bool) -> rollout_pb2.Ge
         weight_transports=[int(t) for t in status.weight_transports],  # type: ignore[misc]  # protoc .pyi: no int
         weight_shm_dir=status.weight_shm_dir if admin else "",
         weight_shm_token=status.weight_shm_token if admin else "",
+        openai_port=status.openai_port,
     )
 
 
@@ -372,6 +373,7 @@ def decode_status_response(msg: rollout_pb2.GetStatusResponse) -> StatusInfo:
         weight_transports=tuple(decode_reported_transport(t) for t in msg.weight_transports),
         weight_shm_dir=msg.weight_shm_dir,
         weight_shm_token=msg.weight_shm_token,
+        openai_port=msg.openai_port,
     )
 
 

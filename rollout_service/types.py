@@ -235,6 +235,7 @@ class StatusInfo:
     weight_transports: tuple[WeightTransport, ...] = (WeightTransport.GRPC_STREAM,)
     weight_shm_dir: str = ""
     weight_shm_token: str = ""
+    openai_port: int = 0  # the gateway's bound port; 0 = no gateway
 
 
 @dataclass(frozen=True)

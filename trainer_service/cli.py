@@ -117,7 +117,7 @@ def demo(argv: Sequence[str]) -> int:
         raw["services"]["rollout"] = config.services.rollout or local.rollout_target
         if agents is not None:
             timeout_s = config.services.startup_timeout_s
-            _start_demo_agent(agents, raw["training"]["agents"], local.gateway_url, log_dir, stack, timeout_s)
+            _start_demo_agent(agents, raw["training"]["agents"], log_dir, stack, timeout_s)
         settings_file = log_dir / "trainer.yaml"
         settings_file.write_text(yaml.safe_dump(_demo_trainer_settings(config)))
         trainer = spawn_service("trainer_service", ["--config", str(settings_file)], log_dir=log_dir)
@@ -146,21 +146,19 @@ def demo(argv: Sequence[str]) -> int:
 def _start_demo_agent(
     agents: AgentsConfig,
     raw: dict[str, Any],
-    gateway_url: str | None,
     log_dir: Path,
     stack: ExitStack,
     startup_timeout_s: float,
 ) -> None:
     """Start ``agents.command`` (stopped when ``stack`` closes) and point the run's raw ``training.agents``
-    at it and at the local gateway: a trainer service runs no command a caller names."""
-    if agents.command is not None:
-        print(f"starting the agent: {' '.join(agents.command)}", file=sys.stderr)
-        agent = start_agent(agents.command, log_dir=log_dir, startup_timeout_s=startup_timeout_s)
-        stack.callback(agent.stop)
-        raw.pop("command")
-        raw["target"] = agent.target
-    if gateway_url is not None:
-        raw["gateway_url"] = gateway_url
+    at it: a trainer service runs no command a caller names."""
+    if agents.command is None:
+        return
+    print(f"starting the agent: {' '.join(agents.command)}", file=sys.stderr)
+    agent = start_agent(agents.command, log_dir=log_dir, startup_timeout_s=startup_timeout_s)
+    stack.callback(agent.stop)
+    raw.pop("command")
+    raw["target"] = agent.target
 
 
 def _demo_trainer_settings(config: RunConfig) -> dict[str, Any]:

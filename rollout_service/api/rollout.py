@@ -8,6 +8,8 @@ scheduler turns into a stop of the engine at its next decode step.
 
 from __future__ import annotations
 
+import dataclasses
+
 from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
 from grpo_runtime.auth import caller_is_admin
@@ -58,7 +60,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         return rollout_pb2.CloseWeightChannelResponse()
 
     async def GetStatus(self, request, context) -> rollout_pb2.GetStatusResponse:
-        return codec.encode_status_response(self._core.status(), admin=caller_is_admin())
+        status = self._core.status()
+        if self._gateway is not None and self._gateway.port is not None:
+            status = dataclasses.replace(status, openai_port=self._gateway.port)
+        return codec.encode_status_response(status, admin=caller_is_admin())
 
     async def OpenAgentSession(self, request, context) -> rollout_pb2.OpenAgentSessionResponse:
         ticket = self._sessions().open_session(*codec.decode_open_agent_session_request(request))

@@ -19,6 +19,7 @@ import math
 
 from aiohttp import web
 
+from grpo_runtime.config import ServerConfig
 from grpo_runtime.errors import InvalidArgument, NotFound, ResourceExhausted, ServiceError
 from grpo_runtime.http_companion import HttpCompanion
 from grpo_runtime.http_metrics import HttpMetrics
@@ -197,3 +198,8 @@ class GatewayEndpoint(HttpCompanion):
             metrics=metrics,
             what="OpenAI-compatible gateway",
         )
+        self._gateway = gateway
+
+    async def start(self, config: ServerConfig) -> None:
+        await super().start(config)
+        self._gateway.port = self.port

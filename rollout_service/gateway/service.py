@@ -64,6 +64,7 @@ class AgentGateway:
         )
         self._renderer = ConversationRenderer(core.tokenizer)
         self.started = int(clock())  # the model's "created" in /v1/models
+        self.port: int | None = None  # the HTTP port once its endpoint is bound (GetStatus reports it)
 
     # ------------------------------------------------------------- sessions
     def open_session(self, ttl_s: float = 0.0, sampling: PinnedSampling | None = None) -> SessionTicket:

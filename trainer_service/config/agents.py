@@ -76,8 +76,9 @@ class AgentsConfig(StrictModel):
         description="The rollout service's OpenAI gateway as the agent reaches it, http://HOST:PORT (its "
         "--openai-port); an episode's base URL is this + /sessions/<id>/v1. With several rollout replicas, "
         f"{HOST_PLACEHOLDER} stands for the host of the replica an episode's session is on "
-        f"(http://{HOST_PLACEHOLDER}:8000). Unset: the rollout service the run starts itself (no "
-        "services.rollout) serves one on a free loopback port.",
+        f"(http://{HOST_PLACEHOLDER}:8000). Unset: each replica's host at the gateway port its GetStatus "
+        "reports (https with services.tls_ca_file); a rollout service the run starts itself serves one on "
+        "a free loopback port.",
     )
     max_concurrent_episodes: int = Field(
         default=8,

@@ -295,12 +295,6 @@ def _agent_errors(config: RunConfig) -> Problems:
             f"must hold {HOST_PLACEHOLDER} with several rollout replicas (each episode's session lives on "
             f"one replica; the agent must dial that replica's gateway, e.g. http://{HOST_PLACEHOLDER}:8000)",
         )
-    if rollout is not None and gateway_url is None:
-        yield (
-            "training.agents.gateway_url",
-            "must name the gateway of services.rollout (only a rollout service the run starts itself gets "
-            "one on a free port)",
-        )
     if rollout is None and config.training.agents.gateway_url is not None:
         yield (
             "training.agents.gateway_url",

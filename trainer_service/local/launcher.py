@@ -172,7 +172,6 @@ class LocalServices:
     reward: ServiceProcess | None = None
     rollout: ServiceProcess | None = None
     weight_shm_dir: Path | None = None  # the rollout service's, removed on close
-    gateway_url: str | None = None  # the rollout service's OpenAI gateway, when it serves one
 
     @property
     def reward_target(self) -> str:
@@ -273,8 +272,8 @@ def start_local_services(
     async run on CPU passes ``overlap_threads()[1]``. ``environment``: the environment service the rollout
     service's episodes use as their default target; "reward" = the reward service started here.
     ``reward_settings``: the started reward service's settings (its ``--config``; None = its defaults).
-    ``gateway``: the rollout service also serves its OpenAI gateway, on a free loopback port
-    (``gateway_url``).
+    ``gateway``: the rollout service also serves its OpenAI gateway, on a free loopback port (its
+    GetStatus reports which).
     The rollout service's ``weight_shm_dir`` is a new directory in ``/dev/shm`` where there is one
     (:func:`shared_memory_dir`).
     """
@@ -298,9 +297,7 @@ def start_local_services(
                 episodes = {"episodes": {"targets": {"default": environment}}}
                 rollout_args += ["--config", str(_settings_file("rollout_service", episodes, log_dir))]
             if gateway:
-                openai_port = free_port()
-                rollout_args += ["--openai-port", str(openai_port)]
-                services.gateway_url = f"http://127.0.0.1:{openai_port}"
+                rollout_args += ["--openai-port", "0"]
             services.weight_shm_dir = shared_memory_dir()
             if services.weight_shm_dir is not None:
                 rollout_args += ["--weight-shm-dir", str(services.weight_shm_dir)]

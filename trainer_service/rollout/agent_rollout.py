@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer_service.config.agents import gateway_base_url
+from rollout_service.client import RolloutClient
+from trainer_service.config.agents import HOST_PLACEHOLDER, gateway_base_url
 from trainer_service.rollout.agent_episodes import AgentEpisodes, Placement, agent_metrics
 from trainer_service.rollout.episodes import episode_fields, fill_empty_completions
 from trainer_service.rollout.replicas import RolloutReplicas, RolloutUnavailable, shard_bounds
@@ -53,22 +54,34 @@ class AgentRollout(ServiceRollout):
         if not replicas:
             raise RolloutUnavailable(f"no rollout replica serves policy version {self.sync.current_version}")
         assert self.client is not None
-        gateway_url = self.agents.config.gateway_url
-        if gateway_url is None:
-            raise ValueError("training.agents.gateway_url was not resolved before the run started")
         runs = group_runs(prompts, self.num_generations)
         placements: list[Placement] = []
         bounds = shard_bounds([count for _, count in runs], len(replicas))
         # Fewer groups than replicas leave the extra replicas idle.
         for replica, (start, end) in zip(replicas[: len(bounds)], bounds, strict=True):
-            place = Placement(
-                self.client.client(replica.address), gateway_base_url(gateway_url, replica.address)
-            )
+            client = self.client.client(replica.address)
+            place = Placement(client, self._gateway_url(client, replica.address))
             placements += [place] * sum(count for _, count in runs[start:end])
         sampling = self.sampling.for_step(step, self.calls).as_dict()
         self.calls += 1
         version = self.sync.current_version or 0
         return self.agents.play(prompts, placements, sampling, f"{self.name}{step}", version)
+
+    def _gateway_url(self, client: RolloutClient, address: str) -> str:
+        """Where the agent reaches the gateway of the replica at ``address``: ``training.agents.gateway_url``
+        (``{host}`` its host), or unset, the replica's host at the port its GetStatus reports (asked each
+        step: a restarted replica may have another)."""
+        template = self.agents.config.gateway_url
+        if template is None:
+            port = client.status().openai_port
+            if not port:
+                raise ValueError(
+                    f"rollout replica {address} serves no OpenAI gateway: start it with --openai-port (or "
+                    "set training.agents.gateway_url)"
+                )
+            scheme = "https" if self.agents.agent.tls_ca_file is not None else "http"
+            template = f"{scheme}://{HOST_PLACEHOLDER}:{port}"
+        return gateway_base_url(template, address)
 
     def to_trl(
         self,

@@ -120,8 +120,7 @@ def resolve_services(
     config: RunConfig, settings: JobSettings, stack: ExitStack, sink: EventSink
 ) -> tuple[RunConfig, Endpoints]:
     """Configured service addresses, or local services started for this job (stopped when ``stack``
-    closes); and the config with what was started for ``training.agents`` filled in (the agent's address
-    for a ``command``, the local rollout service's gateway URL).
+    closes); and the config with the address of an agent started for ``training.agents.command``.
     """
     s = config.services
     if config.training.tools.functions and (s.environment or s.reward) is not None:
@@ -130,17 +129,18 @@ def resolve_services(
             target=s.environment or s.reward, admin_token=settings.admin_token, tls_ca_file=s.tls_ca_file
         )
         check_served_tools(config.training.tools.functions, target, s.request_timeout_s)
-    endpoints, gateway_url = _service_endpoints(config, settings, stack, sink)
-    return _with_local_agent(config, gateway_url, stack, sink), endpoints
+    endpoints = _service_endpoints(config, settings, stack, sink)
+    return _with_local_agent(config, stack, sink), endpoints
 
 
 def _service_endpoints(
     config: RunConfig, settings: JobSettings, stack: ExitStack, sink: EventSink
-) -> tuple[Endpoints, str | None]:
-    """The reward and rollout endpoints, and the gateway URL of a rollout service started here."""
+) -> Endpoints:
+    """The configured reward and rollout endpoints, or those of services started here (a rollout service
+    with its gateway for an agent run)."""
     s = config.services
     if s.reward is not None and s.rollout is not None:
-        return channel_configs(config, settings, s.reward, s.rollout), None
+        return channel_configs(config, settings, s.reward, s.rollout)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError(
             "must be set for multi-process runs (every rank would start its own services)",
@@ -166,30 +166,24 @@ def _service_endpoints(
     stack.callback(local.close)
     reward = s.reward if s.reward is not None else local.reward_target
     rollout = s.rollout if s.rollout is not None else [local.rollout_target]
-    return channel_configs(config, settings, reward, rollout), local.gateway_url
+    return channel_configs(config, settings, reward, rollout)
 
 
-def _with_local_agent(
-    config: RunConfig, gateway_url: str | None, stack: ExitStack, sink: EventSink
-) -> RunConfig:
-    """``config`` with ``training.agents.command`` started (its address as ``target``; stopped when
-    ``stack`` closes) and ``gateway_url`` (a local rollout service's gateway) set."""
+def _with_local_agent(config: RunConfig, stack: ExitStack, sink: EventSink) -> RunConfig:
+    """``config`` with ``training.agents.command`` started, its address as ``target`` (stopped when
+    ``stack`` closes)."""
     agents = config.training.agents
-    if agents is None:
+    if agents is None or agents.command is None:
         return config
-    update: dict[str, Any] = {}
-    if agents.command is not None:
-        sink(JobEvent(step=0, total_steps=0, state=RunState.PENDING, message="starting the agent"))
-        agent = start_agent(
-            agents.command,
-            log_dir=config.output_dir / "services",
-            startup_timeout_s=config.services.startup_timeout_s,
-        )
-        stack.callback(agent.stop)
-        update.update(target=agent.target, command=None)
-    if gateway_url is not None:
-        update["gateway_url"] = gateway_url
-    training = config.training.model_copy(update={"agents": agents.model_copy(update=update)})
+    sink(JobEvent(step=0, total_steps=0, state=RunState.PENDING, message="starting the agent"))
+    agent = start_agent(
+        agents.command,
+        log_dir=config.output_dir / "services",
+        startup_timeout_s=config.services.startup_timeout_s,
+    )
+    stack.callback(agent.stop)
+    started = agents.model_copy(update={"target": agent.target, "command": None})
+    training = config.training.model_copy(update={"agents": started})
     return config.model_copy(update={"training": training})
 
 

@@ -213,6 +213,10 @@ def assert_error(reply, status: int, param: str | None, needle: str = "") -> dic
     return headers
 
 
+def test_the_status_reports_the_gateways_bound_port(running, rollout):
+    assert rollout.status().openai_port == running.endpoint.port > 0
+
+
 def test_a_pinned_session_samples_its_distribution_whatever_the_agent_asks(running, rollout):
     greedy = ask(running.sdk(), [QUESTION], 0, temperature=0, max_tokens=6).choices[0]
     ticket = rollout.open_agent_session(sampling={"temperature": 0.0, "max_tokens": 6})

@@ -27,6 +27,8 @@ pytestmark = pytest.mark.slow
 
 # Token ids the gateway returned to the agent, per question (return_token_ids, vLLM's extension).
 SAMPLED: dict[str, list[list[int]]] = {}
+# The gateways the agent was sent to (the base URL before /sessions).
+GATEWAYS: set[str] = set()
 FLAKY_TRIES: dict[str, int] = {}
 
 
@@ -42,6 +44,7 @@ async def chat_agent(task, base_url, deadline):
     if question == "flaky" and FLAKY_TRIES.setdefault(question, 0) == 0:
         FLAKY_TRIES[question] += 1
         raise RuntimeError("first try fails")
+    GATEWAYS.add(base_url.split("/sessions/")[0])
     client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
     reply = await client.chat.completions.create(
         model="policy",
@@ -202,3 +205,29 @@ def test_a_run_starts_its_agent_and_its_rollout_gateway_itself(tiny_models, file
     assert_agent_steps(read_metrics(result.output_dir / "metrics.jsonl"), 1)
     agent_log = (result.output_dir / "services" / "agent.log").read_text()
     assert "agent service listening" in agent_log, agent_log
+
+
+def test_each_groups_sessions_live_on_one_of_several_replicas(tiny_models, files, agent_target, tmp_path):
+    """Two rollout replicas, no gateway_url: each group's episodes are sent to the gateway of the replica
+    their sessions are on, found from its GetStatus (127.0.0.1 at the reported port)."""
+    with (
+        rollout_with_gateway(tiny_models["policy"]) as (first, first_url),
+        rollout_with_gateway(tiny_models["policy"]) as (second, second_url),
+        start_local_services(
+            need_reward=True, need_rollout=False, model=tiny_models["policy"], log_dir=tmp_path / "logs"
+        ) as local,
+    ):
+        raw = run_config(
+            tiny_models,
+            files[0],
+            tmp_path / "run",
+            local.reward.target,
+            [first, second],
+            max_steps=1,
+            agents={"target": agent_target},
+        )
+        GATEWAYS.clear()
+        result = run_job(parse_config(raw))
+    assert result.state is RunState.COMPLETED, result.message
+    assert_agent_steps(read_metrics(result.output_dir / "metrics.jsonl"), 1)
+    assert sorted(GATEWAYS) == sorted([first_url, second_url])

@@ -51,7 +51,6 @@ def test_bad_values_name_their_key(agents, key):
         ({}, {"tools": {"environment": "calculator"}}, None, "training.agents"),
         # A locally started rollout service serves its own gateway on a free port.
         ({}, {}, {}, "training.agents.gateway_url"),
-        ({"gateway_url": None}, {}, None, "training.agents.gateway_url"),
         ({}, {}, {"rollout": ["127.0.0.1:1", "127.0.0.1:2"]}, "training.agents.gateway_url"),
         ({}, {}, {"rollout": "dns:///rollout.ns:50052"}, "training.agents.gateway_url"),
         ({"command": ["agent", "--port", "{port}"]}, {}, None, "training.agents"),
@@ -70,6 +69,8 @@ def test_what_agent_runs_cannot_do_is_refused(agents, training, services, key):
         ({"target": None, "command": ["{python}", "agent.py", "--port={port}"], "gateway_url": None}, {}),
         ({"gateway_url": "http://{host}:8000"}, {"rollout": ["10.0.0.1:50052", "10.0.0.2:50052"]}),
         ({"gateway_url": "http://{host}:8000"}, {"rollout": "dns:///rollout.ns:50052"}),
+        # Each replica's host, at the gateway port its GetStatus reports.
+        ({"gateway_url": None}, {"rollout": ["10.0.0.1:50052", "10.0.0.2:50052"]}),
     ],
 )
 def test_local_agents_and_several_replicas_are_accepted(agents, services):

@@ -253,7 +253,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("engine", "device", "model", "policy_version", "sleep_level", "sleeping_tags", "weights_valid", "memory", "max_model_len", "weight_format", "weight_transport", "weight_transports", "weight_shm_dir", "weight_shm_token")
+    __slots__ = ("engine", "device", "model", "policy_version", "sleep_level", "sleeping_tags", "weights_valid", "memory", "max_model_len", "weight_format", "weight_transport", "weight_transports", "weight_shm_dir", "weight_shm_token", "openai_port")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -268,6 +268,7 @@ class GetStatusResponse(_message.Message):
     WEIGHT_TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_SHM_DIR_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_SHM_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    OPENAI_PORT_FIELD_NUMBER: _ClassVar[int]
     engine: str
     device: str
     model: str
@@ -282,7 +283,8 @@ class GetStatusResponse(_message.Message):
     weight_transports: _containers.RepeatedScalarFieldContainer[WeightTransport]
     weight_shm_dir: str
     weight_shm_token: str
-    def __init__(self, engine: _Optional[str] = ..., device: _Optional[str] = ..., model: _Optional[str] = ..., policy_version: _Optional[int] = ..., sleep_level: _Optional[int] = ..., sleeping_tags: _Optional[_Iterable[str]] = ..., weights_valid: _Optional[bool] = ..., memory: _Optional[_Union[MemoryUsage, _Mapping]] = ..., max_model_len: _Optional[int] = ..., weight_format: _Optional[_Union[WeightFormat, str]] = ..., weight_transport: _Optional[_Union[WeightTransport, str]] = ..., weight_transports: _Optional[_Iterable[_Union[WeightTransport, str]]] = ..., weight_shm_dir: _Optional[str] = ..., weight_shm_token: _Optional[str] = ...) -> None: ...
+    openai_port: int
+    def __init__(self, engine: _Optional[str] = ..., device: _Optional[str] = ..., model: _Optional[str] = ..., policy_version: _Optional[int] = ..., sleep_level: _Optional[int] = ..., sleeping_tags: _Optional[_Iterable[str]] = ..., weights_valid: _Optional[bool] = ..., memory: _Optional[_Union[MemoryUsage, _Mapping]] = ..., max_model_len: _Optional[int] = ..., weight_format: _Optional[_Union[WeightFormat, str]] = ..., weight_transport: _Optional[_Union[WeightTransport, str]] = ..., weight_transports: _Optional[_Iterable[_Union[WeightTransport, str]]] = ..., weight_shm_dir: _Optional[str] = ..., weight_shm_token: _Optional[str] = ..., openai_port: _Optional[int] = ...) -> None: ...
 
 class OpenWeightChannelRequest(_message.Message):
     __slots__ = ("transport", "init_method", "rank", "world_size", "backend", "timeout_seconds")
