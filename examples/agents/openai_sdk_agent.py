@@ -52,8 +52,13 @@ def episode_player(sampling: Sampling) -> RunEpisode:
     """``run_episode(task, base_url, deadline)``: the model answers the row's question, calling the
     calculator as often as it likes within ``sampling.max_turns`` model calls."""
 
+    # One client for all episodes, each episode's a copy at its base URL sharing its connection pool:
+    # building an AsyncOpenAI builds an SSL context (about 57 ms of CPU), which would serialise the
+    # starts of a batch's episodes.
+    shared = openai.AsyncOpenAI(base_url="http://127.0.0.1/v1", api_key="unused", max_retries=0)
+
     async def run_episode(task: dict[str, Any], base_url: str, deadline: float | None):
-        client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+        client = shared.with_options(base_url=base_url)
         messages: list[dict[str, Any]] = list(question_messages(task))
         tool_calls = 0
         for _ in range(sampling.max_turns):
