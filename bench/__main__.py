@@ -20,6 +20,7 @@ SCRIPTS = [
     "tools_bench.py",
     "tools_e2e_bench.py",
     "code_bench.py",
+    "agent_bench.py",
 ]
 
 

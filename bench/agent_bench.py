@@ -1,0 +1,439 @@
+"""Agents through the OpenAI-compatible gateway: an OpenAI-SDK agent vs the rollout service's episode loop.
+
+    python bench/agent_bench.py [--steps 8] [--rounds 2] [--latency-rounds 8]
+                                [--out bench/results/agents.json]
+
+One reward service and one HF-engine rollout service on 127.0.0.1, the rollout service started as users
+start it for agents (``--openai-port``), its episodes' default environment the reward service's (as
+``start_local_services(environment="reward")`` sets it). Policy ``models/tools``, data
+``data/tools/train.jsonl`` (``What is 347 + 582?``), reward ``accuracy`` with ``mode: numeric`` alone.
+
+1. Training step, same run config but for how episodes are played (same batch, ``num_generations``,
+   ``max_completion_length``, temperature, LoRA, sync mode, seed; ``run_job`` in this process):
+
+   - ``agent``: ``training.agents`` with the calculator agent of ``examples/agents/openai_sdk_agent.py``
+     (``episode_player(Sampling(max_turns=2))``: a calculator call, then the answer after its result; the
+     official ``openai`` SDK, ``max_tokens`` per call) served by ``grpo_runtime.agent_server.run_agent`` in
+     its own process; every episode of a step at once (``max_concurrent_episodes`` = the batch), the
+     agent's own reward not a term (``reward_weight: 0``);
+   - ``own_loop``: ``training.tools: {environment: calculator, max_tool_calling_iterations: 1}``, the
+     rollout service's episode loop stepping the reward service's calculator environment (its episode reward
+     not a term: ``environment_weight: 0``).
+
+   Step time = median gap between consecutive optimizer-step ends (the run's metric events), pooled over
+   ``--rounds`` rounds, the first step of each run not counted (``e2e_bench.step_gaps``); episodes/s =
+   episodes per step / mean gap. Odd rounds run the two in reverse order (ABBA); ``paired_ratios`` are the
+   per-round ratios. Comparable work: ``tool_calls_per_episode`` (own loop: the logged
+   ``tools/call_frequency``; agent: the calls the agent made, from each episode's metadata, which the
+   trainer does not log), ``completion_tokens_per_episode`` (``completions/mean_length`` on both: the
+   tokens after the first sampled one, tool results included), ``reward`` (mean accuracy) and the
+   agent run's ``agents/*`` counts. Target: agent ÷ own-loop step time <= 1.2.
+
+2. Chat-completions latency at ``--sessions`` (32) concurrent sessions: that many gateway sessions
+   (``RolloutClient.open_agent_session``), one ``openai.AsyncOpenAI`` client each, all sending the agent's
+   first request (the question of the first data row, the calculator tool, temperature 1, ``max_tokens``
+   ``--latency-max-tokens``) at once, ``--latency-rounds`` rounds (plus one warm-up); the seconds of each
+   call as the SDK returns it. Baseline: the same generation in this process, with no HTTP, session or SDK:
+   the same prompt token ids (the tokenizer's chat template with the tool and the generation prompt, as the
+   gateway renders them; checked against the ids the gateway reports) and sampling, sent as 32 concurrent
+   ``RolloutCore.generate`` calls to a core built as the service builds one (``build_core``: the same
+   engine class, batch scheduler and settings). Rounds alternate the two sides (ABBA); p50/p99 per call
+   (nearest rank, as in ``reward_bench.py``), each round's p50, and gateway ÷ in-process ratios. Runs
+   before part 1, while the service still serves the base weights as the in-process core does.
+
+The results file is written whole, with the machine and the 1-minute load average at start and end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import openai
+import torch
+from e2e_bench import source_commit, step_gaps
+
+from grpo_runtime.agent_server import RunEpisode, run_agent
+from grpo_runtime.tokenizing import chat_token_ids
+from rollout_service.client import RolloutClient
+from rollout_service.server import build_core
+from rollout_service.settings import RolloutSettings
+from rollout_service.types import GenerateRequest, PromptInput, SamplingSpec
+from trainer_service.config.run_config import parse_config
+from trainer_service.core.types import JobEvent, RunState
+from trainer_service.local.launcher import (
+    LocalServices,
+    free_port,
+    start_local_services,
+    wait_serving,
+)
+from trainer_service.training.callbacks import read_metrics
+from trainer_service.training.job import run_job
+
+ROOT = Path(__file__).resolve().parents[1]
+# examples/ is a folder of the checkout, not an installed package (its agents run from the root, with
+# ``python -m examples.agents...``); run as a script, bench/ is on sys.path and the root is not.
+sys.path.insert(0, str(ROOT))
+
+from examples.agents.calculator_task import Sampling, question_messages  # noqa: E402
+from examples.agents.openai_sdk_agent import CALCULATOR_TOOL, episode_player  # noqa: E402
+
+MODES = ("agent", "own_loop")
+OWN_LOOP_WORK = ("tools/call_frequency", "completions/mean_length", "reward")
+AGENT_WORK = ("completions/mean_length", "reward")
+AGENT_COUNTS = (
+    "agents/episodes",
+    "agents/failed_episodes",
+    "agents/retried_episodes",
+    "agents/prefix_mismatches",
+    "agents/retokenized_tokens",
+)
+TARGETS = {"agent_vs_own_loop_step": 1.2}
+
+
+# ------------------------------------------------------------------------------------------- services
+def start_services(model: Path, log_dir: Path, stack: ExitStack) -> tuple[LocalServices, str]:
+    """A reward service and a rollout service with its gateway, as a run starts them for an agent or a
+    tool run (the reward service the episodes' default environment, a shared-memory weight directory),
+    stopped when ``stack`` closes; returns them and the gateway's URL (the port its GetStatus reports)."""
+    services = stack.enter_context(
+        start_local_services(
+            need_reward=True,
+            need_rollout=True,
+            model=model,
+            log_dir=log_dir,
+            environment="reward",
+            gateway=True,
+        )
+    )
+    with RolloutClient(services.rollout_target, timeout_s=30) as client:
+        port = client.status().openai_port
+    return services, f"http://127.0.0.1:{port}"
+
+
+def counted(run_episode: RunEpisode, log: Path) -> RunEpisode:
+    """``run_episode`` that appends each finished episode's tool calls to ``log`` (one JSON line each)."""
+
+    async def run(task: dict[str, Any], base_url: str, deadline: float | None):
+        reward, metadata = await run_episode(task, base_url, deadline)
+        with log.open("a") as lines:
+            lines.write(json.dumps({"tool_calls": metadata["tool_calls"]}) + "\n")
+        return reward, metadata
+
+    return run
+
+
+def serve_agent_process(port: int, sampling: Sampling, log: Path) -> None:
+    """The OpenAI-SDK calculator agent served on ``port`` until stopped (the target of a spawned process)."""
+    asyncio.run(run_agent(counted(episode_player(sampling), log), port=port))
+
+
+def start_agent(sampling: Sampling, log: Path, stack: ExitStack) -> str:
+    """The agent in a spawned process of its own, stopped when ``stack`` closes; returns its address."""
+    port = free_port()
+    process = get_context("spawn").Process(
+        target=serve_agent_process, args=(port, sampling, log), daemon=True
+    )
+    process.start()
+
+    def stop() -> None:
+        process.terminate()
+        process.join(10)
+
+    stack.callback(stop)
+    target = f"127.0.0.1:{port}"
+    wait_serving(target, None, 120.0, "the agent")
+    return target
+
+
+# ------------------------------------------------------------------------------------ part 1: training
+def run_config(
+    mode: str, output: Path, args: argparse.Namespace, services: LocalServices, agent: str
+) -> dict:
+    """The run config of ``mode``: the same for both but for how episodes are played."""
+    training: dict[str, Any] = {
+        "max_steps": args.steps,
+        "logging_steps": 1,
+        "seed": 0,
+        "optimizer": {"learning_rate": 1e-4, "per_device_train_batch_size": args.batch_size},
+        "generation": {
+            "num_generations": args.num_generations,
+            "max_completion_length": args.max_completion_length,
+            "temperature": 1.0,
+        },
+        "rewards": {"reward_fn": "accuracy", "params": {"accuracy": {"mode": "numeric"}}},
+        "model": {"lora": {"r": 16, "alpha": 32}},
+    }
+    if mode == "agent":
+        training["agents"] = {
+            "target": agent,
+            # Every episode of a step at once, as the own loop plays a step's episodes in one Generate.
+            "max_concurrent_episodes": args.batch_size,
+            # The agent's reward is the same accuracy: not a second term.
+            "reward_weight": 0.0,
+        }
+    else:
+        # The calculator has no episode reward: the accuracy term alone, as on the agent's side.
+        training["rewards"]["environment_weight"] = 0.0
+        training["tools"] = {"environment": "calculator", "max_tool_calling_iterations": 1}
+    return {
+        "base": str(args.model),
+        "output": str(output),
+        "data": {"train": str(args.data)},
+        # Both runs use the same services (the agent's gateway: the port the rollout service reports).
+        "services": {"reward": services.reward_target, "rollout": services.rollout_target},
+        "training": training,
+    }
+
+
+def train_timed(config: dict) -> tuple[list[float], list[dict]]:
+    """``run_job`` of ``config``: (step gaps, the metrics records)."""
+    times: list[float] = []
+
+    def sink(event: JobEvent) -> None:
+        if event.metrics:
+            times.append(time.perf_counter())
+
+    result = run_job(parse_config(config), sink=sink)
+    if result.state is not RunState.COMPLETED:
+        raise RuntimeError(f"the run did not complete: {result.state} {result.message}")
+    return step_gaps(times), read_metrics(result.metrics_path)
+
+
+def bench_agent(config: dict, episodes_log: Path) -> dict:
+    done = len(episodes_log.read_text().splitlines()) if episodes_log.exists() else 0
+    gaps, records = train_timed(config)
+    episodes = [json.loads(line) for line in episodes_log.read_text().splitlines()[done:]]
+    return {
+        "gaps": gaps,
+        "tool_calls": [e["tool_calls"] for e in episodes],
+        **{key: [r[key] for r in records if key in r] for key in (*AGENT_WORK, *AGENT_COUNTS)},
+    }
+
+
+def bench_own_loop(config: dict) -> dict:
+    gaps, records = train_timed(config)
+    return {"gaps": gaps, **{key: [r[key] for r in records if key in r] for key in OWN_LOOP_WORK}}
+
+
+def summarize(runs: list[dict], episodes_per_step: int) -> dict:
+    gaps = [g for run in runs for g in run["gaps"]]
+    mean = statistics.fmean(gaps)
+    pooled = {key: [v for run in runs for v in run[key]] for key in runs[0] if key != "gaps"}
+    calls = pooled.pop("tool_calls") if "tool_calls" in pooled else pooled.pop("tools/call_frequency")
+    out: dict[str, Any] = {
+        "step_s": statistics.median(gaps),
+        "step_s_mean": mean,
+        # Throughput over the timed steps: a burst of step ends can shorten a median gap, not the mean.
+        "episodes_per_s": episodes_per_step / mean,
+        "step_s_per_round": [statistics.median(run["gaps"]) for run in runs],
+        "steps_timed": len(gaps),
+        "gaps_s": [[round(g, 3) for g in run["gaps"]] for run in runs],
+        "tool_calls_per_episode": statistics.fmean(calls),
+        "completion_tokens_per_episode": statistics.fmean(pooled.pop("completions/mean_length")),
+        "reward_mean": statistics.fmean(pooled.pop("reward")),
+    }
+    # The agent run's counts, summed over its steps and rounds.
+    out.update({key: sum(values) for key, values in pooled.items()})
+    return out
+
+
+# ------------------------------------------------------------------------------------- part 2: latency
+def percentile(values: list[float], share: float) -> float:
+    """Nearest-rank percentile (``share`` in [0, 1]) of ``values``."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * share))]
+
+
+def latency_summary(rounds: list[list[tuple[float, int]]]) -> dict:
+    """p50/p99 of the calls of all ``rounds`` (each a list of (seconds, completion tokens)), and each
+    round's p50 (a round slowed by other work on the machine shows there)."""
+    calls = [call for wave in rounds for call in wave]
+    seconds = [s for s, _ in calls]
+    return {
+        "p50_s": percentile(seconds, 0.5),
+        "p99_s": percentile(seconds, 0.99),
+        "mean_s": statistics.fmean(seconds),
+        "p50_s_per_round": [percentile([s for s, _ in wave], 0.5) for wave in rounds],
+        "calls": len(calls),
+        "completion_tokens_per_call": statistics.fmean(t for _, t in calls),
+    }
+
+
+async def timed_wave(calls: list[Callable[[], Any]]) -> list[tuple[float, int]]:
+    """Start every call at once; (seconds, completion tokens) of each."""
+
+    async def timed(call: Callable[[], Any]) -> tuple[float, int]:
+        start = time.perf_counter()
+        tokens = await call()
+        return time.perf_counter() - start, tokens
+
+    return list(await asyncio.gather(*(timed(call) for call in calls)))
+
+
+async def bench_latency(model: Path, rollout: str, gateway_url: str, task: dict, args: argparse.Namespace):
+    """The calls of ``args.latency_rounds`` rounds per side ("gateway", "in_process"), as a list of rounds
+    of (seconds, completion tokens) per call."""
+    messages = question_messages(task)
+    core = await build_core(RolloutSettings(model=str(model), engine="hf"))
+    client = RolloutClient(rollout, timeout_s=60)
+    tickets = [await asyncio.to_thread(client.open_agent_session) for _ in range(args.sessions)]
+    agents = [
+        openai.AsyncOpenAI(
+            base_url=f"{gateway_url}/sessions/{t.session_id}/v1", api_key="unused", max_retries=0
+        )
+        for t in tickets
+    ]
+    try:
+        prompt_ids = chat_token_ids(
+            core.tokenizer, messages, add_generation_prompt=True, tools=[CALCULATOR_TOOL]
+        )
+        spec = SamplingSpec(temperature=1.0, max_tokens=args.latency_max_tokens)
+        request = GenerateRequest((PromptInput(token_ids=tuple(prompt_ids)),), 1, spec)
+
+        async def chat(agent: openai.AsyncOpenAI, **extra: Any):
+            return await agent.chat.completions.create(
+                model="policy",
+                messages=messages,
+                tools=[CALCULATOR_TOOL],
+                temperature=1.0,
+                max_tokens=args.latency_max_tokens,
+                **extra,
+            )
+
+        async def gateway_call(agent: openai.AsyncOpenAI) -> int:
+            return (await chat(agent)).usage.completion_tokens
+
+        async def local_call() -> int:
+            return len((await core.generate(request))[0].token_ids)
+
+        reply = await chat(agents[0], extra_body={"return_token_ids": True})
+        if list(reply.prompt_token_ids) != prompt_ids:
+            raise RuntimeError("the gateway rendered other prompt ids than the in-process baseline")
+        waves = {
+            "gateway": lambda: timed_wave([lambda a=a: gateway_call(a) for a in agents]),
+            "in_process": lambda: timed_wave([local_call] * args.sessions),
+        }
+        rounds: dict[str, list[list[tuple[float, int]]]] = {name: [] for name in waves}
+        for round_ in range(args.latency_rounds + 1):  # round 0 warms both up
+            for name in waves if round_ % 2 == 0 else reversed(waves):
+                done = await waves[name]()
+                if round_:
+                    rounds[name].append(done)
+        return rounds
+    finally:
+        for agent in agents:
+            await agent.close()
+        for ticket in tickets:
+            await asyncio.to_thread(client.close_agent_session, ticket.session_id)
+        client.close()
+        await core.close()
+
+
+# ------------------------------------------------------------------------------------------------ main
+def write_report(out: Path, report: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=ROOT / "models/tools")
+    parser.add_argument("--data", type=Path, default=ROOT / "data/tools/train.jsonl")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=16, help="episodes per step")
+    parser.add_argument("--num-generations", type=int, default=4)
+    parser.add_argument("--max-completion-length", type=int, default=48)
+    parser.add_argument("--max-tokens-per-call", type=int, default=16, help="the agent's max_tokens")
+    parser.add_argument("--sessions", type=int, default=32, help="concurrent gateway sessions (latency)")
+    parser.add_argument("--latency-rounds", type=int, default=8)
+    parser.add_argument("--latency-max-tokens", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/agents.json")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    load_at_start = os.getloadavg()[0]
+    started = time.perf_counter()
+    sampling = Sampling(temperature=1.0, max_tokens=args.max_tokens_per_call, max_turns=2)
+    task = json.loads(args.data.read_text().splitlines()[0])
+    runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    with tempfile.TemporaryDirectory() as scratch, ExitStack() as stack:
+        root = Path(scratch)
+        services, gateway_url = start_services(args.model, root / "logs", stack)
+        episodes_log = root / "agent-episodes.jsonl"
+        agent = start_agent(sampling, episodes_log, stack)
+        latency = asyncio.run(bench_latency(args.model, services.rollout_target, gateway_url, task, args))
+        for round_ in range(args.rounds):
+            for mode in MODES if round_ % 2 == 0 else reversed(MODES):
+                print(f"== round {round_}: {mode}", flush=True)
+                output = root / f"round{round_}" / mode
+                config = run_config(mode, output, args, services, agent)
+                torch.manual_seed(0)
+                run = bench_agent(config, episodes_log) if mode == "agent" else bench_own_loop(config)
+                runs[mode].append(run)
+    agent_run, own = (summarize(runs[mode], args.batch_size) for mode in MODES)
+    gateway, in_process = latency_summary(latency["gateway"]), latency_summary(latency["in_process"])
+    report = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+        "setup": {
+            "commit": source_commit(),
+            "model": str(args.model.relative_to(ROOT) if args.model.is_relative_to(ROOT) else args.model),
+            "data": str(args.data.relative_to(ROOT) if args.data.is_relative_to(ROOT) else args.data),
+            "steps": args.steps,
+            "rounds": args.rounds,
+            "episodes_per_step": args.batch_size,
+            "num_generations": args.num_generations,
+            "max_completion_length": args.max_completion_length,
+            "agent": {"sdk": "openai", "max_tokens_per_call": sampling.max_tokens, "max_turns": 2},
+            "own_loop": {"environment": "calculator", "max_tool_calling_iterations": 1},
+            "lora_r": 16,
+            "rollout_engine": "hf",
+            "latency": {
+                "sessions": args.sessions,
+                "rounds": args.latency_rounds,
+                "max_tokens": args.latency_max_tokens,
+                "temperature": 1.0,
+            },
+        },
+        "training": {
+            "agent": agent_run,
+            "own_loop": own,
+            "ratio_step": agent_run["step_s"] / own["step_s"],
+            "ratio_step_mean": agent_run["step_s_mean"] / own["step_s_mean"],
+            "ratio_episodes_per_s": agent_run["episodes_per_s"] / own["episodes_per_s"],
+            # Per round, agent ÷ own-loop median step (robust to a change in machine speed between rounds).
+            "paired_ratios": [
+                statistics.median(a["gaps"]) / statistics.median(b["gaps"])
+                for a, b in zip(runs["agent"], runs["own_loop"], strict=True)
+            ],
+        },
+        "chat_latency": {
+            "gateway": gateway,
+            "in_process": in_process,
+            "ratio_p50": gateway["p50_s"] / in_process["p50_s"],
+            "ratio_p99": gateway["p99_s"] / in_process["p99_s"],
+        },
+        "targets": TARGETS,
+        "wall_seconds": time.perf_counter() - started,
+        "load_average_1m_at_start": load_at_start,
+        "load_average_1m_at_end": os.getloadavg()[0],
+    }
+    write_report(args.out, report)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
