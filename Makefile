@@ -41,7 +41,8 @@ $(TOOLS_STAMP): tests/deploy/requirements-tools.txt
 	.venv-tools/bin/python -m pip install -q -r tests/deploy/requirements-tools.txt
 	touch $@
 
-examples/node/node_modules: examples/node/package-lock.json
+# npm ci also compiles the TypeScript agent (examples/node/agent_server.ts) to dist/ (its prepare script).
+examples/node/node_modules: examples/node/package-lock.json examples/node/agent_server.ts
 	cd examples/node && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 

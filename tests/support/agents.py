@@ -1,6 +1,6 @@
 """Agents as rollout workers on loopback, for the tests: a rollout service with its OpenAI gateway in this
 process, a Python agent function served over grpo.agent.v1 from its own event loop thread, and the Node.js
-agent (examples/node/agent_server.js) as a real ``node`` process."""
+agent (examples/node/agent_server.ts, compiled to dist/) as a real ``node`` process."""
 
 from __future__ import annotations
 
@@ -51,6 +51,6 @@ def python_agent(run_episode: RunEpisode) -> Iterator[str]:
 
 @contextmanager
 def node_agent(*args: str) -> Iterator[str]:
-    """``node agent_server.js --port 0 *args`` as users start it; yields its address."""
-    with node_server("agent_server.js", *args) as server:
+    """``node dist/agent_server.js --port 0 *args`` as users start it; yields its address."""
+    with node_server("dist/agent_server.js", *args) as server:
         yield server.address

@@ -40,7 +40,9 @@ def node_env_server(*args: str) -> AbstractContextManager[NodeServer]:
 def node_server(script: str, *args: str) -> Iterator[NodeServer]:
     """Runs ``node SCRIPT --port 0 *args`` in examples/node (``npm ci`` first when a dependency is missing);
     yields it once it prints its address, terminates it on exit (if still running)."""
-    if not all((NODE_DIR / "node_modules" / name).is_dir() for name in ("@grpc/grpc-js", "openai")):
+    installed = all((NODE_DIR / "node_modules" / name).is_dir() for name in ("@grpc/grpc-js", "openai"))
+    # npm ci also compiles the TypeScript agent (its prepare script) to dist/.
+    if not installed or not (NODE_DIR / script).is_file():
         subprocess.run([_tool("npm"), "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, timeout=600)
     process = subprocess.Popen(
         [_tool("node"), script, "--port", "0", *args],

@@ -1,8 +1,8 @@
 """The example agents (examples/agents, examples/node) train the policy unchanged but for their base URL:
 each trains two steps end to end through real servers on loopback — a rollout service with its OpenAI
 gateway, a reward service, and the agent: the ``openai`` SDK and OpenAI Agents SDK ones served from this
-process, the Node.js one
-(the official ``openai`` npm package) as a real ``node`` process. The policy is the shipped calculator one
+process, the TypeScript one
+(the official ``openai`` npm package, compiled by ``npm ci``) as a real ``node`` process. The policy is the shipped calculator one
 (models/tools), which calls the calculator in about a third of its answers, so the agents' tool loops run
 for real."""
 
@@ -74,7 +74,7 @@ def test_a_python_sdk_agent_trains(example, tiny_models, services, tmp_path):
     assert_trained_on_agent_episodes(steps)
 
 
-def test_a_node_agent_with_the_openai_npm_package_trains(tiny_models, services, tmp_path):
+def test_a_typescript_agent_with_the_openai_npm_package_trains(tiny_models, services, tmp_path):
     args = ("--max-tokens", str(SAMPLING.max_tokens), "--max-turns", str(SAMPLING.max_turns))
     with node_agent(*args) as target:
         steps = train_two_steps(tiny_models, services, target, tmp_path / "run")
