@@ -1,10 +1,9 @@
 """The example agents (examples/agents, examples/node) train the policy unchanged but for their base URL:
 each trains two steps end to end through real servers on loopback — a rollout service with its OpenAI
 gateway, a reward service, and the agent: the ``openai`` SDK and OpenAI Agents SDK ones served from this
-process, the TypeScript one
-(the official ``openai`` npm package, compiled by ``npm ci``) as a real ``node`` process. The policy is the shipped calculator one
-(models/tools), which calls the calculator in about a third of its answers, so the agents' tool loops run
-for real."""
+process, the TypeScript one (the official ``openai`` npm package, compiled by ``npm ci``) as a real
+``node`` process. The policy is the shipped calculator one (models/tools), which calls the calculator in
+about a third of its answers, so the agents' tool loops run for real."""
 
 from __future__ import annotations
 
