@@ -63,7 +63,7 @@ from typing import Any
 
 import openai
 import torch
-from e2e_bench import source_commit, step_gaps
+from e2e_bench import source_commit, trio_run
 
 from grpo_runtime.agent_server import RunEpisode, run_agent
 from grpo_runtime.tokenizing import chat_token_ids
@@ -71,16 +71,12 @@ from rollout_service.client import RolloutClient
 from rollout_service.server import build_core
 from rollout_service.settings import RolloutSettings
 from rollout_service.types import GenerateRequest, PromptInput, SamplingSpec
-from trainer_service.config.run_config import parse_config
-from trainer_service.core.types import JobEvent, RunState
 from trainer_service.local.launcher import (
     LocalServices,
     free_port,
     start_local_services,
     wait_serving,
 )
-from trainer_service.training.callbacks import read_metrics
-from trainer_service.training.job import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 # examples/ is a folder of the checkout, not an installed package (its agents run from the root, with
@@ -198,23 +194,9 @@ def run_config(
     }
 
 
-def train_timed(config: dict) -> tuple[list[float], list[dict]]:
-    """``run_job`` of ``config``: (step gaps, the metrics records)."""
-    times: list[float] = []
-
-    def sink(event: JobEvent) -> None:
-        if event.metrics:
-            times.append(time.perf_counter())
-
-    result = run_job(parse_config(config), sink=sink)
-    if result.state is not RunState.COMPLETED:
-        raise RuntimeError(f"the run did not complete: {result.state} {result.message}")
-    return step_gaps(times), read_metrics(result.metrics_path)
-
-
 def bench_agent(config: dict, episodes_log: Path) -> dict:
     done = len(episodes_log.read_text().splitlines()) if episodes_log.exists() else 0
-    gaps, records = train_timed(config)
+    gaps, records = trio_run(config)
     episodes = [json.loads(line) for line in episodes_log.read_text().splitlines()[done:]]
     return {
         "gaps": gaps,
@@ -224,7 +206,7 @@ def bench_agent(config: dict, episodes_log: Path) -> dict:
 
 
 def bench_own_loop(config: dict) -> dict:
-    gaps, records = train_timed(config)
+    gaps, records = trio_run(config)
     return {"gaps": gaps, **{key: [r[key] for r in records if key in r] for key in OWN_LOOP_WORK}}
 
 

@@ -90,7 +90,7 @@ from rollout_service.settings import RolloutSettings
 from rollout_service.types import GenerateRequest, PromptInput, SamplingSpec, WeightFormat
 from rollout_service.weights import ParamCatalog, validate_tensors
 from trainer_service.config.run_config import RunConfig, parse_config
-from trainer_service.core.types import JobEvent
+from trainer_service.core.types import JobEvent, RunState
 from trainer_service.local.launcher import free_port, start_local_services
 from trainer_service.rollout.cpu_placement import cpu_cores, overlap_threads
 from trainer_service.rollout.service_rollout import SamplingConfig, group_runs
@@ -335,10 +335,9 @@ def attempt(name: str, work: Callable[[], dict]) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ trio
-def bench_trio(config: dict, reward: str, rollout: str) -> dict:
-    """The trio's trainer (``run_job``, what ``python -m trainer_service train`` runs) against the services at
-    ``reward`` and ``rollout``; run in a child started with the trainer's OpenMP environment."""
-    config = {**config, "services": {"reward": reward, "rollout": rollout}}
+def trio_run(config: dict) -> tuple[list[float], list[dict]]:
+    """``run_job`` of ``config`` (what ``python -m trainer_service train`` runs): the gaps between its
+    optimizer-step ends (:func:`step_gaps`) and its metrics records; RuntimeError unless it completed."""
     times: list[float] = []
 
     def sink(event: JobEvent) -> None:
@@ -346,10 +345,18 @@ def bench_trio(config: dict, reward: str, rollout: str) -> dict:
             times.append(time.perf_counter())
 
     result = run_job(parse_config(config), sink=sink)
-    records = read_metrics(result.metrics_path)
+    if result.state is not RunState.COMPLETED:
+        raise RuntimeError(f"the trio's run did not complete: {result.state} {result.message}")
+    return step_gaps(times), read_metrics(result.metrics_path)
+
+
+def bench_trio(config: dict, reward: str, rollout: str) -> dict:
+    """The trio's trainer against the services at ``reward`` and ``rollout``; run in a child started with
+    the trainer's OpenMP environment."""
+    gaps, records = trio_run({**config, "services": {"reward": reward, "rollout": rollout}})
     pushes = [r["weight_sync/push_seconds"] for r in records if "weight_sync/push_seconds" in r]
     applied = [r.get("sampling/importance_sampling_applied", 0.0) for r in records]
-    out: dict[str, Any] = {"gaps": step_gaps(times), "pushes": pushes, "is_applied_steps": sum(applied)}
+    out: dict[str, Any] = {"gaps": gaps, "pushes": pushes, "is_applied_steps": sum(applied)}
     if "async/prefetch_hits" in records[-1]:
         last = records[-1]
         out |= {

@@ -35,14 +35,13 @@ import os
 import platform
 import statistics
 import tempfile
-import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import torch
 from datasets import Dataset
-from e2e_bench import StepClock, numeric_accuracy, step_gaps
+from e2e_bench import StepClock, numeric_accuracy, step_gaps, trio_run
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 from trl.chat_template_utils import qwen3_template
@@ -51,12 +50,9 @@ from reward_service.environments.calculator import Calculator, format_number
 from reward_service.environments.settings import CalculatorSettings
 from tiny_models.tools_demo import TOOLS_TEMPLATE, build_tools_demo
 from trainer_service.config.run_config import RunConfig, parse_config
-from trainer_service.core.types import JobEvent, RunState
 from trainer_service.local.launcher import start_local_services
 from trainer_service.rollout.cpu_placement import cpu_cores, overlap_threads
 from trainer_service.training.builders import Device, build_grpo_config, build_model, load_tokenizer
-from trainer_service.training.callbacks import read_metrics
-from trainer_service.training.job import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 CALCULATOR = Calculator(CalculatorSettings())
@@ -153,17 +149,8 @@ def bench_trl(config: RunConfig, data: Path, iterations: int) -> dict:
 
 def bench_trio(config: dict, services) -> dict:
     config = {**config, "services": {"reward": services.reward.target, "rollout": services.rollout.target}}
-    times: list[float] = []
-
-    def sink(event: JobEvent) -> None:
-        if event.metrics:
-            times.append(time.perf_counter())
-
-    result = run_job(parse_config(config), sink=sink)
-    if result.state is not RunState.COMPLETED:
-        raise RuntimeError(f"the trio's run did not complete: {result.state} {result.message}")
-    records = read_metrics(result.metrics_path)
-    out = {"gaps": step_gaps(times), **{key: [r[key] for r in records if key in r] for key in WORK}}
+    gaps, records = trio_run(config)
+    out = {"gaps": gaps, **{key: [r[key] for r in records if key in r] for key in WORK}}
     if "async/prefetch_hits" in records[-1]:
         out |= {
             "prefetch_hits": records[-1]["async/prefetch_hits"],
