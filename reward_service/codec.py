@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from google.protobuf import json_format, struct_pb2
+from grpo.common.v1 import common_pb2
 from grpo.reward.v1 import reward_pb2
 
 from grpo_runtime.errors import InvalidArgument
@@ -61,6 +62,23 @@ def encode_sample(sample: Sample) -> reward_pb2.Sample:
     return message
 
 
+def _message_text(message: common_pb2.ChatMessage, field: str) -> str:
+    """A prompt message's text: ``content``, or its text parts joined by newlines. The rewards read text:
+    an image part is refused naming it, never dropped unseen."""
+    if not message.parts:
+        return message.content
+    if message.content:
+        raise InvalidArgument("set content or parts, not both", field=field)
+    texts = []
+    for k, part in enumerate(message.parts):
+        if part.WhichOneof("part") != "text":
+            raise InvalidArgument(
+                "the reward service scores text: send a prompt's text parts only", field=f"{field}.parts[{k}]"
+            )
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
 def decode_sample(message: reward_pb2.Sample, index: int, limits: ScoreLimits | None = None) -> Sample:
     """One Sample. With ``limits`` (the scorer's), what would be past them is refused before it is read:
     the token ids and prompt messages by their counts (a message is at least its role's one character),
@@ -80,7 +98,10 @@ def decode_sample(message: reward_pb2.Sample, index: int, limits: ScoreLimits | 
     return Sample(
         id=message.id,
         completion=message.completion,
-        prompt=tuple(Message(role=m.role, content=m.content) for m in message.prompt),
+        prompt=tuple(
+            Message(role=m.role, content=_message_text(m, f"{where}.prompt[{j}]"))
+            for j, m in enumerate(message.prompt)
+        ),
         completion_ids=tuple(message.completion_ids),
         metadata=struct_dict(
             message.metadata,

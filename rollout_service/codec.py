@@ -25,7 +25,9 @@ from rollout_service.types import (
     EpisodeSpec,
     FinishReason,
     GenerateRequest,
+    ImagePart,
     MemoryUsage,
+    MessageContent,
     PromptInput,
     SamplingSpec,
     SleepResult,
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
 # which is what the domain IntEnums carry; hence "type: ignore ... protoc .pyi: no int" where one is set.
 SAMPLING_FIELDS = frozenset(rollout_pb2.SamplingParams.DESCRIPTOR.fields_by_name)
 # A prompt as the client takes it: plain text, a chat ({"role", "content"} dicts) or token ids.
-Prompt = str | Sequence[Mapping[str, str]] | Sequence[int]
+Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int]
 
 
 # ------------------------------------------------------------ SamplingParams
@@ -112,13 +114,43 @@ def encode_prompt(prompt: Prompt, prompt_id: str, episode: EpisodeSpec | None = 
     if _is_token_ids(prompt):
         message.token_ids.extend(prompt)
         return message
-    message.messages.extend(
-        common_pb2.ChatMessage(role=m["role"], content=m.get("content") or "") for m in prompt
-    )
+    message.messages.extend(encode_chat_message(m) for m in prompt)
     return message
 
 
-def _is_token_ids(prompt: Sequence[Mapping[str, str]] | Sequence[int]) -> TypeIs[Sequence[int]]:
+def encode_chat_message(message: Mapping[str, Any]) -> common_pb2.ChatMessage:
+    """``{"role", "content"}``; a list ``content`` is its parts: ``{"type": "text", "text"}`` or
+    ``{"type": "image", "data": bytes, "media_type"}``."""
+    content = message.get("content") or ""
+    if isinstance(content, str):
+        return common_pb2.ChatMessage(role=message["role"], content=content)
+    out = common_pb2.ChatMessage(role=message["role"])
+    for part in content:
+        if part.get("type") == "image":
+            out.parts.add(image=common_pb2.Image(data=part["data"], media_type=part["media_type"]))
+        elif part.get("type") == "text":
+            out.parts.add(text=part["text"])
+        else:
+            raise ValueError(f"a content part is text or image, got {part.get('type')!r}")
+    return out
+
+
+def decode_chat_message(msg: common_pb2.ChatMessage, field: str) -> tuple[str, MessageContent]:
+    """(role, content): the text, or the parts in order; ``field`` names the message in errors."""
+    if not msg.parts:
+        return msg.role, msg.content
+    if msg.content:
+        raise InvalidArgument("set content or parts, not both", field=field)
+    parts: list[str | ImagePart] = []
+    for k, part in enumerate(msg.parts):
+        kind = part.WhichOneof("part")
+        if kind is None:
+            raise InvalidArgument("a part needs text or an image", field=f"{field}.parts[{k}]")
+        parts.append(part.text if kind == "text" else ImagePart(part.image.data, part.image.media_type))
+    return msg.role, tuple(parts)
+
+
+def _is_token_ids(prompt: Sequence[Mapping[str, Any]] | Sequence[int]) -> TypeIs[Sequence[int]]:
     """A non-empty sequence of ints is token ids; any other sequence is a chat."""
     return bool(prompt) and all(isinstance(x, int) for x in prompt)
 
@@ -127,7 +159,9 @@ def decode_prompt(msg: rollout_pb2.Prompt, index: int) -> PromptInput:
     """``index``: the prompt's place in the request, for errors."""
     return PromptInput(
         id=msg.id,
-        messages=tuple((m.role, m.content) for m in msg.messages),
+        messages=tuple(
+            decode_chat_message(m, f"prompts[{index}].messages[{j}]") for j, m in enumerate(msg.messages)
+        ),
         text=msg.text,
         token_ids=tuple(msg.token_ids),
         episode=decode_episode(msg.episode, f"prompts[{index}].episode") if msg.HasField("episode") else None,

@@ -101,6 +101,7 @@ async def build_core(settings: RolloutSettings) -> RolloutCore:
         batch_window_s=settings.batch_window_ms / 1000,
         max_batch_rows=settings.max_batch_size,
         partial_segment_tokens=settings.partial_segment_tokens,
+        image_limits=settings.images,
         environments=environment_clients(settings),
         episode_settings=settings.episodes,
         weight_channel=WeightChannel(

@@ -7,6 +7,8 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from grpo_runtime.images import ImageLimits
+
 
 class VllmSettings(BaseModel):
     """Options passed to ``vllm.LLM``."""
@@ -127,6 +129,8 @@ class RolloutSettings(BaseModel):
     vllm: VllmSettings = Field(default_factory=VllmSettings)
     episodes: EpisodeSettings = Field(default_factory=EpisodeSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    # Images in chat prompts (ChatMessage.parts): per prompt and per image, checked before decoding.
+    images: ImageLimits = Field(default_factory=ImageLimits)
 
     def resolved_device(self) -> str:
         if self.device != "auto":

@@ -72,11 +72,39 @@ class EpisodeSpec:
 
 
 @dataclass(frozen=True)
+class ImagePart:
+    """An image part of a chat message as the caller sent it: the encoded bytes and the declared media
+    type, decoded and checked against the service's image limits by validation."""
+
+    data: bytes
+    media_type: str
+
+
+# A chat message's content: its text, or its parts in order (text and images).
+MessageContent = str | tuple[str | ImagePart, ...]
+
+
+def content_text(content: MessageContent) -> str:
+    """The text of a message's content: its text parts joined by newlines, as vLLM joins them for a
+    text-only model (images left out)."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(part for part in content if isinstance(part, str))
+
+
+def content_images(content: MessageContent) -> list[tuple[int, ImagePart]]:
+    """The image parts of a message's content with their part indices."""
+    if isinstance(content, str):
+        return []
+    return [(k, part) for k, part in enumerate(content) if isinstance(part, ImagePart)]
+
+
+@dataclass(frozen=True)
 class PromptInput:
     """One prompt in any of its three forms (exactly one must be set; checked by validation)."""
 
     id: str = ""
-    messages: tuple[tuple[str, str], ...] = ()  # (role, content) pairs
+    messages: tuple[tuple[str, MessageContent], ...] = ()  # (role, content) pairs
     text: str = ""
     token_ids: tuple[int, ...] = ()
     episode: EpisodeSpec | None = None

@@ -366,7 +366,12 @@ class EpisodeRunner:
                 (k for k, (role, _) in enumerate(messages) if role == "user"), default=len(messages) - 1
             )
             role, content = messages[last_user]
-            messages[last_user] = (role, content + episode.prompt_suffix)
+            suffixed = (
+                content + episode.prompt_suffix
+                if isinstance(content, str)
+                else (*content, episode.prompt_suffix)
+            )
+            messages[last_user] = (role, suffixed)
         with_suffix = dataclasses.replace(prompt, messages=tuple(messages))
         return self._validator.tokenize(with_suffix, index, tools=episode.chat_template_tools() or None)
 

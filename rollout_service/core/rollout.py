@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 
 from grpo_runtime.compute_thread import ComputeThread
 from grpo_runtime.errors import FailedPrecondition, ResourceExhausted
+from grpo_runtime.images import ImageLimits
 from grpo_runtime.tokenizing import decode_text
 from rollout_service import memory
 from rollout_service.core.episodes import EnvironmentBackend, EpisodeRunner
@@ -61,7 +62,8 @@ class RolloutCore:
     holds their limits and timeouts). ``partial_segment_tokens``: a partial-rollout batch may pause for
     a weight update after every this many generated tokens. ``compute``: the thread that runs every call
     into the engine and every tensor validation (:mod:`grpo_runtime.compute_thread`: one OpenMP pool per
-    process; the engine should have been built on it too); default, one of its own.
+    process; the engine should have been built on it too); default, one of its own. ``image_limits``:
+    what one prompt may carry in images (the service's ``images`` settings).
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class RolloutCore:
         weight_channel: WeightChannel | None = None,
         partial_segment_tokens: int = 8,
         compute: ComputeThread | None = None,
+        image_limits: ImageLimits | None = None,
     ) -> None:
         self.engine = engine
         self.compute = compute or ComputeThread("rollout-engine")
@@ -96,6 +99,7 @@ class RolloutCore:
             max_prompts,
             max_request_sequences=max_request_sequences,
             max_request_tokens=max_request_tokens,
+            image_limits=image_limits or ImageLimits(),
         )
         self.max_concurrent_generates = max_concurrent_generates
         self.generates_in_flight = 0

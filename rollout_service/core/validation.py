@@ -23,13 +23,17 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from grpo_runtime.images import ImageLimits, decode_image
 from grpo_runtime.tokenizing import chat_token_ids
 from rollout_service.types import (
     GenerateRequest,
     GenerationJob,
+    ImagePart,
     PromptInput,
     RawCompletion,
     SamplingSpec,
+    content_images,
+    content_text,
 )
 
 # Bounds as the float32 the protobuf carries, so a caller's 0.01 (0.0099999998) is inside.
@@ -99,7 +103,8 @@ class RequestValidator:
     ``max_model_len``: prompt tokens + ``max_tokens`` may not exceed it. ``max_prompts``,
     ``max_request_sequences`` (prompts × n) and ``max_request_tokens`` (prompts × n ×
     max_tokens before tokenizing, then n × Σ (prompt tokens + max_tokens)) are the server's
-    limits on one call.
+    limits on one call; ``image_limits`` bound the images of one prompt. ``takes_images``: whether the
+    engine's model takes images (a text-only one refuses each, after checking it).
     """
 
     tokenizer: PreTrainedTokenizerBase
@@ -109,6 +114,8 @@ class RequestValidator:
     max_n: int = 1024
     max_request_sequences: int = 16384
     max_request_tokens: int = 1 << 20
+    image_limits: ImageLimits = dataclasses.field(default_factory=ImageLimits)
+    takes_images: bool = False
 
     def to_job(self, request: GenerateRequest) -> GenerationJob:
         if not request.prompts:
@@ -172,12 +179,29 @@ class RequestValidator:
                 f"{self.max_model_len}",
                 field=field,
             )
-        chars = len(prompt.text) + sum(len(role) + len(content) for role, content in prompt.messages)
+        chars = len(prompt.text) + sum(
+            len(role) + len(content_text(content)) for role, content in prompt.messages
+        )
         if chars > self.max_model_len * MAX_CHARS_PER_TOKEN:
             raise InvalidArgument(
                 f"{chars} characters cannot fit the model's context of {self.max_model_len} tokens "
                 f"(more than {MAX_CHARS_PER_TOKEN} characters per token)",
                 field=field,
+            )
+
+    def _check_images(self, prompt: PromptInput, field: str) -> None:
+        """Count ``prompt``'s images, then decode each within the image limits (the first bad one refused,
+        naming its part); a model that takes no images then refuses the first."""
+        images = _images_of(prompt)
+        if not images:
+            return
+        self.image_limits.check_count(len(images), f"{field}.messages")
+        for where, part in images:
+            decode_image(part.data, part.media_type, self.image_limits, f"{field}.{where}")
+        if not self.takes_images:
+            raise InvalidArgument(
+                "this model takes no images (the rollout service serves a text-only model)",
+                field=f"{field}.{images[0][0]}",
             )
 
     def tokenize(self, prompt: PromptInput, index: int, *, tools: list[dict] | None = None) -> list[int]:
@@ -207,7 +231,8 @@ class RequestValidator:
             for j, (role, _) in enumerate(prompt.messages):
                 if not role:
                     raise InvalidArgument("role must not be empty", field=f"{field}.messages[{j}].role")
-            messages = [{"role": role, "content": content} for role, content in prompt.messages]
+            self._check_images(prompt, field)
+            messages = [{"role": role, "content": content_text(content)} for role, content in prompt.messages]
             try:
                 ids = chat_token_ids(self.tokenizer, messages, add_generation_prompt=True, tools=tools)
             except jinja2.TemplateError as exc:  # the template's raise_exception: roles out of order, ...
@@ -227,6 +252,15 @@ class RequestValidator:
         if not ids:
             raise InvalidArgument("the prompt has no tokens", field=field)
         return ids
+
+
+def _images_of(prompt: PromptInput) -> list[tuple[str, ImagePart]]:
+    """Each image of ``prompt``'s messages with its field path below the prompt."""
+    return [
+        (f"messages[{j}].parts[{k}].image", part)
+        for j, (_, content) in enumerate(prompt.messages)
+        for k, part in content_images(content)
+    ]
 
 
 def check_completions(results: list[RawCompletion], vocab_size: int, n: int) -> None:

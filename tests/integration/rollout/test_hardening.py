@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM
 from rollout_service.settings import RolloutSettings
 from rollout_service.weight_plane.payload import encode
 from tests.integration.rollout.fixtures import rollout_server_thread
+from tests.support.hostile_images import encoded, picture, png_bomb
 from tests.support.statuses import failure
 
 MAX_CONCURRENT = 2
@@ -332,3 +333,29 @@ def test_health_answers_while_a_large_load_is_read(server, client, weights_root)
     assert outcome == [grpc.StatusCode.INVALID_ARGUMENT]
     assert len(latencies) >= 10  # answered many times while the load was in flight, not after it
     assert max(latencies) < 1.0
+
+
+# ------------------------------------------------------------------------------------- images
+@pytest.mark.parametrize(
+    ("image", "why"),
+    [
+        (encoded(picture(), "PNG")[:40], "image"),
+        (png_bomb(), "max_image_pixels"),
+        (encoded(picture(), "PNG"), "no images"),
+    ],
+    ids=["truncated", "bomb", "text-only-model"],
+)
+def test_an_image_part_is_invalid_argument_naming_it_and_the_server_goes_on(client, image, why):
+    prompt = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Count"},
+                {"type": "image", "data": image, "media_type": "image/png"},
+            ],
+        }
+    ]
+    code, details = failure(lambda: client.generate([prompt], n=1, sampling=GREEDY))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+    assert details.startswith("prompts[0].messages[0].parts[1].image:") and why in details, details
+    assert len(client.generate(PROMPT, n=1, sampling=GREEDY)) == 1

@@ -8,6 +8,7 @@ import math
 
 import pytest
 from google.protobuf import struct_pb2
+from grpo.common.v1 import common_pb2
 from grpo.reward.v1 import reward_pb2
 
 from grpo_runtime import struct_codec
@@ -192,3 +193,14 @@ def test_reward_descriptions_decode_to_what_the_server_encoded():
     ]
     response = wire(codec.encode_list_rewards_response(descriptions))
     assert codec.decode_list_rewards_response(response) == descriptions
+
+
+def test_prompt_text_parts_are_joined_and_an_image_part_is_refused_naming_it():
+    message = reward_pb2.Sample(completion="4")
+    message.prompt.add(role="user").parts.add(text="What is")
+    message.prompt[0].parts.add(text="2 + 2?")
+    assert codec.decode_sample(message, 0).prompt[0].content == "What is\n2 + 2?"
+    message.prompt[0].parts.add(image=common_pb2.Image(data=b"\x89PNG", media_type="image/png"))
+    with pytest.raises(InvalidArgument) as error:
+        codec.decode_sample(message, 5)
+    assert error.value.field == "samples[5].prompt[0].parts[2]"

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import descriptor_pb2 as google_dot_protobuf_dot_descriptor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgrpo/common/v1/common.proto\x12\x0egrpo.common.v1\x1a google/protobuf/descriptor.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t:/\n\x05\x61\x64min\x12\x1e.google.protobuf.MethodOptions\x18\xd1\x86\x03 \x01(\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgrpo/common/v1/common.proto\x12\x0egrpo.common.v1\x1a google/protobuf/descriptor.proto\"X\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12*\n\x05parts\x18\x03 \x03(\x0b\x32\x1b.grpo.common.v1.ContentPart\"M\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12&\n\x05image\x18\x02 \x01(\x0b\x32\x15.grpo.common.v1.ImageH\x00\x42\x06\n\x04part\")\n\x05Image\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x12\n\nmedia_type\x18\x02 \x01(\t:/\n\x05\x61\x64min\x12\x1e.google.protobuf.MethodOptions\x18\xd1\x86\x03 \x01(\x08\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,5 +33,9 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'grpo.common.v1.common_pb2',
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CHATMESSAGE']._serialized_start=81
-  _globals['_CHATMESSAGE']._serialized_end=125
+  _globals['_CHATMESSAGE']._serialized_end=169
+  _globals['_CONTENTPART']._serialized_start=171
+  _globals['_CONTENTPART']._serialized_end=248
+  _globals['_IMAGE']._serialized_start=250
+  _globals['_IMAGE']._serialized_end=291
 # @@protoc_insertion_point(module_scope)
