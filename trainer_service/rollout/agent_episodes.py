@@ -2,11 +2,12 @@
 
 For each prompt of a generation batch (TRL repeats each row G times, so each of its G samples), an episode
 is: open a session of the rollout service's OpenAI-compatible gateway (``RolloutClient.open_agent_session``),
-call ``RunEpisode`` on ``training.agents.target`` with the row and the session's base URL
-(``gateway_url`` + ``/sessions/<id>/v1``), read the session back (``agent_trajectory(close=True)``) and turn
-its sequence into one completion shaped as the rollout service's tool episodes are: ``prompt_token_ids``
-the tokens before the first sampled one, ``token_ids`` the rest, ``tool_mask`` the gateway's loss mask over
-them (1 exactly on sampled tokens), ``logprobs`` and ``token_versions`` per token. So the trainer hands
+call ``RunEpisode`` on ``training.agents.target`` with the row and the session's base URL (the gateway of
+the session's replica, :class:`Placement`, + ``/sessions/<id>/v1``), read the session back
+(``agent_trajectory(close=True)``) and turn its sequence into one completion shaped as the rollout service's
+tool episodes are: ``prompt_token_ids`` the tokens before the first sampled one, ``token_ids`` the rest,
+``tool_mask`` the gateway's loss mask over them (1 exactly on sampled tokens), ``logprobs`` and
+``token_versions`` per token. So the trainer hands
 agent episodes to TRL on the tool episodes' path (:func:`~trainer_service.rollout.episodes.episode_fields`:
 ``env_mask`` and ``env_reward``, the agent's reward, read by
 :class:`~trainer_service.rollout.episodes.EnvironmentReward` with weight ``agents.reward_weight``).
