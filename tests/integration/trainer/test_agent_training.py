@@ -13,6 +13,8 @@ import pytest
 
 from grpo_runtime.client import ChannelConfig
 from rollout_service.client import FinishReason, RolloutClient
+from rollout_service.settings import RolloutSettings
+from tests.integration.rollout.fixtures import rollout_server_thread
 from tests.integration.trainer.fixtures import run_config
 from tests.support.agents import python_agent, rollout_with_gateway
 from trainer_service.config.agents import AgentsConfig
@@ -231,3 +233,20 @@ def test_each_groups_sessions_live_on_one_of_several_replicas(tiny_models, files
     assert result.state is RunState.COMPLETED, result.message
     assert_agent_steps(read_metrics(result.output_dir / "metrics.jsonl"), 1)
     assert sorted(GATEWAYS) == sorted([first_url, second_url])
+
+
+def test_a_replica_without_a_gateway_fails_the_run_saying_so(tiny_models, files, agent_target, tmp_path):
+    settings = RolloutSettings(model=str(tiny_models["policy"]), engine="hf", max_model_len=512)
+    with rollout_server_thread(settings) as rollout:
+        raw = run_config(
+            tiny_models,
+            files[0],
+            tmp_path / "run",
+            "unused",
+            rollout.server.address,
+            max_steps=1,
+            agents={"target": agent_target},
+        )
+        raw["services"].pop("reward")  # a local reward service; the rollout service is the one above
+        with pytest.raises(ValueError, match="serves no OpenAI gateway: start it with --openai-port"):
+            run_job(parse_config(raw))
