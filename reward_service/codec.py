@@ -20,6 +20,7 @@ from google.protobuf import json_format, struct_pb2
 from grpo.common.v1 import common_pb2
 from grpo.reward.v1 import reward_pb2
 
+from grpo_runtime.chat_codec import content_images, content_text, decode_chat_message
 from grpo_runtime.errors import InvalidArgument
 from grpo_runtime.struct_codec import struct_dict
 from reward_service.core.types import (
@@ -63,20 +64,16 @@ def encode_sample(sample: Sample) -> reward_pb2.Sample:
 
 
 def _message_text(message: common_pb2.ChatMessage, field: str) -> str:
-    """A prompt message's text: ``content``, or its text parts joined by newlines. The rewards read text:
-    an image part is refused naming it, never dropped unseen."""
-    if not message.parts:
-        return message.content
-    if message.content:
-        raise InvalidArgument("set content or parts, not both", field=field)
-    texts = []
-    for k, part in enumerate(message.parts):
-        if part.WhichOneof("part") != "text":
-            raise InvalidArgument(
-                "the reward service scores text: send a prompt's text parts only", field=f"{field}.parts[{k}]"
-            )
-        texts.append(part.text)
-    return "\n".join(texts)
+    """A prompt message's text (its text parts joined by newlines). The rewards read text: an image part
+    is refused naming it, never dropped unseen."""
+    _, content = decode_chat_message(message, field)
+    images = content_images(content)
+    if images:
+        raise InvalidArgument(
+            "the reward service scores text: send a prompt's text parts only",
+            field=f"{field}.parts[{images[0][0]}].image",
+        )
+    return content_text(content)
 
 
 def decode_sample(message: reward_pb2.Sample, index: int, limits: ScoreLimits | None = None) -> Sample:

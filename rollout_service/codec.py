@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from grpo.common.v1 import common_pb2
 from grpo.rollout.v1 import rollout_pb2
 
+from grpo_runtime.chat_codec import decode_chat_message, encode_chat_message
 from grpo_runtime.errors import InvalidArgument
 from grpo_runtime.struct_codec import struct_dict
 from rollout_service.gateway.types import AgentSequence, AgentTrajectory, PinnedSampling, SessionTicket
@@ -25,9 +25,7 @@ from rollout_service.types import (
     EpisodeSpec,
     FinishReason,
     GenerateRequest,
-    ImagePart,
     MemoryUsage,
-    MessageContent,
     PromptInput,
     SamplingSpec,
     SleepResult,
@@ -116,38 +114,6 @@ def encode_prompt(prompt: Prompt, prompt_id: str, episode: EpisodeSpec | None = 
         return message
     message.messages.extend(encode_chat_message(m) for m in prompt)
     return message
-
-
-def encode_chat_message(message: Mapping[str, Any]) -> common_pb2.ChatMessage:
-    """``{"role", "content"}``; a list ``content`` is its parts: ``{"type": "text", "text"}`` or
-    ``{"type": "image", "data": bytes, "media_type"}``."""
-    content = message.get("content") or ""
-    if isinstance(content, str):
-        return common_pb2.ChatMessage(role=message["role"], content=content)
-    out = common_pb2.ChatMessage(role=message["role"])
-    for part in content:
-        if part.get("type") == "image":
-            out.parts.add(image=common_pb2.Image(data=part["data"], media_type=part["media_type"]))
-        elif part.get("type") == "text":
-            out.parts.add(text=part["text"])
-        else:
-            raise ValueError(f"a content part is text or image, got {part.get('type')!r}")
-    return out
-
-
-def decode_chat_message(msg: common_pb2.ChatMessage, field: str) -> tuple[str, MessageContent]:
-    """(role, content): the text, or the parts in order; ``field`` names the message in errors."""
-    if not msg.parts:
-        return msg.role, msg.content
-    if msg.content:
-        raise InvalidArgument("set content or parts, not both", field=field)
-    parts: list[str | ImagePart] = []
-    for k, part in enumerate(msg.parts):
-        kind = part.WhichOneof("part")
-        if kind is None:
-            raise InvalidArgument("a part needs text or an image", field=f"{field}.parts[{k}]")
-        parts.append(part.text if kind == "text" else ImagePart(part.image.data, part.image.media_type))
-    return msg.role, tuple(parts)
 
 
 def _is_token_ids(prompt: Sequence[Mapping[str, Any]] | Sequence[int]) -> TypeIs[Sequence[int]]:

@@ -7,6 +7,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_runtime.chat_codec import MessageContent
+
 
 class FinishReason(enum.IntEnum):
     """Why a completion ended (values equal the protobuf enum's)."""
@@ -69,34 +71,6 @@ class EpisodeSpec:
     max_turns: int | None = None
     max_tool_calls: int | None = None
     target: str = ""
-
-
-@dataclass(frozen=True)
-class ImagePart:
-    """An image part of a chat message as the caller sent it: the encoded bytes and the declared media
-    type, decoded and checked against the service's image limits by validation."""
-
-    data: bytes
-    media_type: str
-
-
-# A chat message's content: its text, or its parts in order (text and images).
-MessageContent = str | tuple[str | ImagePart, ...]
-
-
-def content_text(content: MessageContent) -> str:
-    """The text of a message's content: its text parts joined by newlines, as vLLM joins them for a
-    text-only model (images left out)."""
-    if isinstance(content, str):
-        return content
-    return "\n".join(part for part in content if isinstance(part, str))
-
-
-def content_images(content: MessageContent) -> list[tuple[int, ImagePart]]:
-    """The image parts of a message's content with their part indices."""
-    if isinstance(content, str):
-        return []
-    return [(k, part) for k, part in enumerate(content) if isinstance(part, ImagePart)]
 
 
 @dataclass(frozen=True)

@@ -22,18 +22,16 @@ import jinja2
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from grpo_runtime.chat_codec import ImagePart, content_images, content_text
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from grpo_runtime.images import ImageLimits, decode_image
 from grpo_runtime.tokenizing import chat_token_ids
 from rollout_service.types import (
     GenerateRequest,
     GenerationJob,
-    ImagePart,
     PromptInput,
     RawCompletion,
     SamplingSpec,
-    content_images,
-    content_text,
 )
 
 # Bounds as the float32 the protobuf carries, so a caller's 0.01 (0.0099999998) is inside.

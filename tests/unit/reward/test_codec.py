@@ -203,4 +203,4 @@ def test_prompt_text_parts_are_joined_and_an_image_part_is_refused_naming_it():
     message.prompt[0].parts.add(image=common_pb2.Image(data=b"\x89PNG", media_type="image/png"))
     with pytest.raises(InvalidArgument) as error:
         codec.decode_sample(message, 5)
-    assert error.value.field == "samples[5].prompt[0].parts[2]"
+    assert error.value.field == "samples[5].prompt[0].parts[2].image"

@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
+from grpo_runtime.chat_codec import ImagePart
 from grpo_runtime.errors import InvalidArgument
 from grpo_runtime.images import ImageLimits
 from rollout_service.codec import decode_prompt, encode_prompt
 from rollout_service.core.validation import RequestValidator
-from rollout_service.types import GenerateRequest, ImagePart, PromptInput, SamplingSpec
+from rollout_service.types import GenerateRequest, PromptInput, SamplingSpec
 from tests.support.hostile_images import animation, corrupt_jpeg, encoded, picture, png_bomb
 
 PNG = encoded(picture(), "PNG")
