@@ -30,6 +30,12 @@ class RolloutTarget:
         """True when the replicas behind it change with DNS answers."""
         return self.dns_name is not None
 
+    @property
+    def has_host(self) -> bool:
+        """True when its replicas are reached at a network host (HOST:PORT, dns:///), not a unix socket or
+        another gRPC scheme."""
+        return self.dynamic or not self.text.startswith(PASS_THROUGH_SCHEMES)
+
 
 def _port(text: str, entry: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 65535:

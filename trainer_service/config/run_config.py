@@ -288,7 +288,15 @@ def _agent_errors(config: RunConfig) -> Problems:
         yield "training.agents", "cannot be combined with training.tools (the agent runs its own tools)"
     rollout = config.services.rollout
     gateway_url = config.training.agents.gateway_url
-    several = rollout is not None and (len(rollout) > 1 or any(parse_target(t).dynamic for t in rollout))
+    targets = [parse_target(t) for t in rollout or []]
+    several = len(targets) > 1 or any(t.dynamic for t in targets)
+    hostless = next((t.text for t in targets if not t.has_host), None)
+    if hostless is not None and (gateway_url is None or HOST_PLACEHOLDER in gateway_url):
+        yield (
+            "training.agents.gateway_url",
+            f"must name the gateway's http(s)://HOST:PORT: the rollout replica {hostless!r} has no host "
+            "the agent could reach its gateway at",
+        )
     if several and gateway_url is not None and HOST_PLACEHOLDER not in gateway_url:
         yield (
             "training.agents.gateway_url",

@@ -146,7 +146,8 @@ class _Table:
 
 
 class AgentEpisodes:
-    """Plays a batch's episodes on one rollout replica, at most ``max_concurrent_episodes`` at a time.
+    """Plays a batch's episodes, each on the replica its :class:`Placement` names, at most
+    ``max_concurrent_episodes`` at a time.
 
     ``rows``: the train and eval rows; an episode's task is its prompt's row (all columns, JSON values).
     ``end_token_id``: the tokenizer's EOS, the token of a failed episode's completion.

@@ -53,6 +53,14 @@ def test_bad_values_name_their_key(agents, key):
         ({}, {}, {}, "training.agents.gateway_url"),
         ({}, {}, {"rollout": ["127.0.0.1:1", "127.0.0.1:2"]}, "training.agents.gateway_url"),
         ({}, {}, {"rollout": "dns:///rollout.ns:50052"}, "training.agents.gateway_url"),
+        # A unix-socket replica has no host to reach its gateway at: the URL must be given whole.
+        ({"gateway_url": None}, {}, {"rollout": "unix:/run/rollout.sock"}, "training.agents.gateway_url"),
+        (
+            {"gateway_url": "http://{host}:8000"},
+            {},
+            {"rollout": "unix:/run/rollout.sock"},
+            "training.agents.gateway_url",
+        ),
         ({"command": ["agent", "--port", "{port}"]}, {}, None, "training.agents"),
         ({"target": None, "command": ["agent", "--port", "50060"]}, {}, None, "training.agents.command"),
         ({"target": None}, {}, None, "training.agents"),
