@@ -214,3 +214,10 @@ def _open(data: bytes, pillow_format: str, field: str) -> Image.Image:
         raise InvalidArgument(f"image over the pixel limit: {exc}", field=field) from exc
     except Exception as exc:  # a malformed header: UnidentifiedImageError, SyntaxError, struct.error, ...
         raise InvalidArgument(f"corrupt {pillow_format} image: {exc}", field=field) from exc
+
+
+def encode_png(image: Image.Image) -> bytes:
+    """``image`` as PNG bytes (lossless: what a service decodes is the picture the caller held)."""
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()

@@ -182,6 +182,9 @@ class GenerationJob:
     # The engine may pause this job at a segment boundary for a weight update and continue with the new
     # weights (``GenerateRequest.continue_across_updates``); jobs with and without it never share a batch.
     continue_across_updates: bool = False
+    # Per prompt, its images as the model takes them (the processor's ``pixel_values``, ...; see
+    # ``core.validation.EncodedPrompt``); an empty dict for a text prompt; empty list: every prompt is text.
+    image_inputs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def num_rows(self) -> int:

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig
 
 from grpo_runtime.errors import InvalidArgument
+from grpo_runtime.model_classes import auto_model_class
 from rollout_service.confined_files import confined_directory, read_confined
 from rollout_service.types import WeightFormat, WeightPayload
 from rollout_service.weight_plane import payload as codec
@@ -60,7 +61,7 @@ class ParamCatalog:
     def from_model_dir(cls, model_dir: str | Path) -> ParamCatalog:
         config = AutoConfig.from_pretrained(model_dir)
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
+            model = auto_model_class(config).from_config(config)
         first: dict[int, str] = {}
         aliases = {}
         for name, param in model.named_parameters(remove_duplicate=False):

@@ -100,6 +100,7 @@ class RolloutCore:
             max_request_sequences=max_request_sequences,
             max_request_tokens=max_request_tokens,
             image_limits=image_limits or ImageLimits(),
+            processor=engine.processor,
         )
         self.max_concurrent_generates = max_concurrent_generates
         self.generates_in_flight = 0

@@ -17,14 +17,17 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import jinja2
 import numpy as np
-from transformers import PreTrainedTokenizerBase
+from PIL import Image
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
-from grpo_runtime.chat_codec import ImagePart, content_images, content_text
+from grpo_runtime.chat_codec import ImagePart, MessageContent, content_images, content_text
 from grpo_runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from grpo_runtime.images import ImageLimits, decode_image
+from grpo_runtime.model_classes import image_placeholder
 from grpo_runtime.tokenizing import chat_token_ids
 from rollout_service.types import (
     GenerateRequest,
@@ -95,14 +98,24 @@ def validate_sampling(s: SamplingSpec) -> SamplingSpec:
 
 
 @dataclass(frozen=True)
+class EncodedPrompt:
+    """A prompt as an engine takes it: its token ids (each image's placeholder expanded to the model's image
+    tokens) and, for a prompt with images, the processor's image inputs: ``pixel_values`` of shape
+    (images, channels, height, width) and any other per-image tensor; empty for a text prompt."""
+
+    ids: list[int]
+    image_inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class RequestValidator:
     """Turns a GenerateRequest into a GenerationJob of token ids, or raises InvalidArgument.
 
     ``max_model_len``: prompt tokens + ``max_tokens`` may not exceed it. ``max_prompts``,
     ``max_request_sequences`` (prompts × n) and ``max_request_tokens`` (prompts × n ×
     max_tokens before tokenizing, then n × Σ (prompt tokens + max_tokens)) are the server's
-    limits on one call; ``image_limits`` bound the images of one prompt. ``takes_images``: whether the
-    engine's model takes images (a text-only one refuses each, after checking it).
+    limits on one call; ``image_limits`` bound the images of one prompt. ``processor``: the model's processor
+    when it takes images (a vision-language model); without one, a prompt's images are refused after checking.
     """
 
     tokenizer: PreTrainedTokenizerBase
@@ -113,7 +126,11 @@ class RequestValidator:
     max_request_sequences: int = 16384
     max_request_tokens: int = 1 << 20
     image_limits: ImageLimits = dataclasses.field(default_factory=ImageLimits)
-    takes_images: bool = False
+    processor: ProcessorMixin | None = None
+
+    @property
+    def takes_images(self) -> bool:
+        return self.processor is not None
 
     def to_job(self, request: GenerateRequest) -> GenerationJob:
         if not request.prompts:
@@ -145,7 +162,8 @@ class RequestValidator:
                 f"{budget} tokens, more than the limit max_request_tokens = {self.max_request_tokens}",
                 field="sampling.max_tokens",
             )
-        token_ids = [self.tokenize(p, i) for i, p in enumerate(request.prompts)]
+        encoded = [self.encode(p, i) for i, p in enumerate(request.prompts)]
+        token_ids = [e.ids for e in encoded]
         for i, ids in enumerate(token_ids):
             if len(ids) + sampling.max_tokens > self.max_model_len:
                 raise InvalidArgument(
@@ -167,6 +185,7 @@ class RequestValidator:
             n=request.n,
             sampling=sampling,
             continue_across_updates=request.continue_across_updates,
+            image_inputs=[e.image_inputs for e in encoded],
         )
 
     def _check_length(self, prompt: PromptInput, field: str) -> None:
@@ -187,24 +206,35 @@ class RequestValidator:
                 field=field,
             )
 
-    def _check_images(self, prompt: PromptInput, field: str) -> None:
+    def _decoded_images(self, prompt: PromptInput, field: str) -> list[Image.Image]:
         """Count ``prompt``'s images, then decode each within the image limits (the first bad one refused,
         naming its part); a model that takes no images then refuses the first."""
         images = _images_of(prompt)
         if not images:
-            return
+            return []
         self.image_limits.check_count(len(images), f"{field}.messages")
-        for where, part in images:
+        decoded = [
             decode_image(part.data, part.media_type, self.image_limits, f"{field}.{where}")
+            for where, part in images
+        ]
         if not self.takes_images:
             raise InvalidArgument(
                 "this model takes no images (the rollout service serves a text-only model)",
                 field=f"{field}.{images[0][0]}",
             )
+        return decoded
 
     def tokenize(self, prompt: PromptInput, index: int, *, tools: list[dict] | None = None) -> list[int]:
-        """Token ids of one prompt: chat template (+ generation prompt, and ``tools`` as JSON-schema function
-        definitions for the template to render), plain text, or ids as is."""
+        """Token ids of a prompt without images (an episode's turn): refuses one that has images."""
+        encoded = self.encode(prompt, index, tools=tools)
+        if encoded.image_inputs:
+            raise InvalidArgument("tool episodes take text prompts only", field=f"prompts[{index}].messages")
+        return encoded.ids
+
+    def encode(self, prompt: PromptInput, index: int, *, tools: list[dict] | None = None) -> EncodedPrompt:
+        """One prompt as the engine takes it: chat template (+ generation prompt, and ``tools`` as JSON-schema
+        function definitions for the template to render; images through the processor), plain text, or ids
+        as is."""
         field = f"prompts[{index}]"
         forms = [
             name
@@ -221,35 +251,88 @@ class RequestValidator:
                 f"set exactly one of messages, text, token_ids (given: {given})", field=field
             )
         self._check_length(prompt, field)
+        encoded = EncodedPrompt([])
         if prompt.messages:
-            if self.tokenizer.chat_template is None:
-                raise InvalidArgument(
-                    "this model has no chat template; send text or token_ids", field=f"{field}.messages"
-                )
-            for j, (role, _) in enumerate(prompt.messages):
-                if not role:
-                    raise InvalidArgument("role must not be empty", field=f"{field}.messages[{j}].role")
-            self._check_images(prompt, field)
-            messages = [{"role": role, "content": content_text(content)} for role, content in prompt.messages]
-            try:
-                ids = chat_token_ids(self.tokenizer, messages, add_generation_prompt=True, tools=tools)
-            except jinja2.TemplateError as exc:  # the template's raise_exception: roles out of order, ...
-                raise InvalidArgument(
-                    f"the chat template refused them: {exc}", field=f"{field}.messages"
-                ) from exc
+            encoded = self._encode_messages(prompt, field, tools)
         elif prompt.text:
-            ids = list(self.tokenizer(prompt.text)["input_ids"])
+            encoded = EncodedPrompt(list(self.tokenizer(prompt.text)["input_ids"]))
         else:
-            ids = list(prompt.token_ids)
-            for j, t in enumerate(ids):
+            encoded = EncodedPrompt(list(prompt.token_ids))
+            for j, t in enumerate(encoded.ids):
                 if not 0 <= t < self.vocab_size:
                     raise InvalidArgument(
                         f"token id {t} is outside the vocabulary [0, {self.vocab_size})",
                         field=f"{field}.token_ids[{j}]",
                     )
-        if not ids:
+        if not encoded.ids:
             raise InvalidArgument("the prompt has no tokens", field=field)
-        return ids
+        if not encoded.image_inputs:
+            self._check_no_image_tokens(encoded.ids, field)
+        return encoded
+
+    def _encode_messages(self, prompt: PromptInput, field: str, tools: list[dict] | None) -> EncodedPrompt:
+        if self.tokenizer.chat_template is None:
+            raise InvalidArgument(
+                "this model has no chat template; send text or token_ids", field=f"{field}.messages"
+            )
+        for j, (role, _) in enumerate(prompt.messages):
+            if not role:
+                raise InvalidArgument("role must not be empty", field=f"{field}.messages[{j}].role")
+        images = self._decoded_images(prompt, field)
+        try:
+            if images:
+                return self._encode_with_images(prompt, images, field)
+            messages = [{"role": role, "content": content_text(content)} for role, content in prompt.messages]
+            return EncodedPrompt(
+                chat_token_ids(self.tokenizer, messages, add_generation_prompt=True, tools=tools)
+            )
+        except jinja2.TemplateError as exc:  # the template's raise_exception: roles out of order, ...
+            raise InvalidArgument(
+                f"the chat template refused them: {exc}", field=f"{field}.messages"
+            ) from exc
+
+    def _encode_with_images(
+        self, prompt: PromptInput, images: list[Image.Image], field: str
+    ) -> EncodedPrompt:
+        """Render the messages with their parts (an image part as ``{"type": "image"}``, where the template
+        writes the processor's placeholder), then let the processor expand each placeholder to the model's
+        image tokens and compute the pixel inputs. A placeholder the caller typed, or a template that drops
+        an image, would pair images with the wrong tokens: the counts must agree."""
+        assert self.processor is not None  # _decoded_images refused images otherwise
+        messages: list[Any] = [
+            {"role": role, "content": _template_parts(content)} for role, content in prompt.messages
+        ]
+        text = str(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+        placeholder, _ = image_placeholder(self.processor)
+        if (found := text.count(placeholder)) != len(images):
+            raise InvalidArgument(
+                f"the rendered prompt holds {found} image placeholders {placeholder!r} for {len(images)} "
+                "images (a text part may not contain the placeholder)",
+                field=f"{field}.messages",
+            )
+        out = self.processor(text=[text], images=[images], return_tensors="pt", add_special_tokens=False)
+        inputs = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask")}
+        return EncodedPrompt(out["input_ids"][0].tolist(), inputs)
+
+    def _check_no_image_tokens(self, ids: list[int], field: str) -> None:
+        """A prompt without images must not carry the model's image token (typed as text or as an id): the
+        model would look for image features that are not there."""
+        if self.processor is None:
+            return
+        _, image_token_id = image_placeholder(self.processor)
+        if image_token_id in ids:
+            raise InvalidArgument(
+                f"the prompt holds the image token {image_token_id} but no image", field=field
+            )
+
+
+def _template_parts(content: MessageContent) -> str | list[dict[str, str]]:
+    """A message's content as chat templates of vision-language models take it (TRL's and HF's form)."""
+    if isinstance(content, str):
+        return content
+    return [
+        {"type": "text", "text": part} if isinstance(part, str) else {"type": "image"} for part in content
+    ]
 
 
 def _images_of(prompt: PromptInput) -> list[tuple[str, ImagePart]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Protocol
 
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 from rollout_service.types import GenerationJob
 from rollout_service.weights import ValidatedUpdate
@@ -47,10 +47,12 @@ class Engine(ABC):
     """A loaded policy that samples completions and takes new weights.
 
     Attributes set by implementations: ``name`` ("hf" / "vllm"), ``device`` ("cpu", "cuda:0"),
-    ``model_dir``, ``max_model_len`` (prompt + completion tokens), ``tokenizer`` (the model's).
+    ``model_dir``, ``max_model_len`` (prompt + completion tokens), ``tokenizer`` (the model's), ``processor``
+    (a vision-language model's image processor and tokenizer; None for a text-only model).
     """
 
     tokenizer: PreTrainedTokenizerBase
+    processor: ProcessorMixin | None = None
     name: str
     device: str
     model_dir: str

@@ -39,8 +39,9 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoProcessor, AutoTokenizer, PreTrainedModel
 
+from grpo_runtime.model_classes import auto_model_class, image_placeholder, is_vision_language
 from grpo_runtime.tokenizing import decode_text
 from rollout_service.engines.base import Engine, UpdatePause, derive_seed
 from rollout_service.engines.hf_cache import decode_cache, seeded_layers
@@ -77,6 +78,7 @@ class _Row:
     finish: FinishReason | None = None
     text: str | None = None
     prefilled: int = 0  # generated tokens that the current decode's prefill included (after a pause)
+    images: dict[str, torch.Tensor] = field(default_factory=dict)  # the prompt's image inputs (none: text)
 
 
 class HFEngine(Engine):
@@ -96,11 +98,20 @@ class HFEngine(Engine):
         self.device = device
         self._dtype = DTYPES[dtype]
         self.max_batch_size = max_batch_size
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        config = AutoConfig.from_pretrained(self.model_dir)
+        self._model_class = auto_model_class(config)
+        if is_vision_language(config):
+            self.processor = AutoProcessor.from_pretrained(self.model_dir)
+            self.tokenizer = self.processor.tokenizer
+        else:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self._model: PreTrainedModel | None = self._load()
-        config = self.model.config
-        self.max_model_len = int(max_model_len or config.max_position_embeddings)
+        self._text_config = self.model.config.get_text_config()
+        self.max_model_len = int(max_model_len or self._text_config.max_position_embeddings)
         self._eos_ids = self._eos_token_ids()
+        # A vision-language model's image token marks where image features go: sampled, it would stand for a
+        # picture that does not exist (and the trainer's forward would count one image more than it has).
+        self._input_only_ids = [image_placeholder(self.processor)[1]] if self.processor is not None else []
         self._pad_id = (
             self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self._eos_ids[0]
         )
@@ -116,7 +127,7 @@ class HFEngine(Engine):
 
     # ----------------------------------------------------------------- loading
     def _load(self) -> PreTrainedModel:
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self._dtype)
+        model = self._model_class.from_pretrained(self.model_dir, dtype=self._dtype)
         return model.to(self.device).eval()  # type: ignore[arg-type]  # @wraps(Module.to) hides self
 
     def _eos_token_ids(self) -> list[int]:
@@ -162,7 +173,9 @@ class HFEngine(Engine):
                 for j in range(job.n):
                     if job.cancel.cancelled:
                         break
-                    yield _Row(job, i * job.n + j, prompt, self._generator(job.sampling, i, j))
+                    generator = self._generator(job.sampling, i, j)
+                    images = job.image_inputs[i] if job.image_inputs else {}
+                    yield _Row(job, i * job.n + j, prompt, generator, images=images)
 
     def _generator(self, sampling: SamplingSpec, prompt_index: int, sample_index: int) -> torch.Generator:
         if sampling.seed is None:
@@ -173,7 +186,10 @@ class HFEngine(Engine):
         return torch.Generator().manual_seed(seed)
 
     def _cached_prefix(self, row: _Row, context: list[int]) -> _SessionCache | None:
-        """The row's episode cache when it holds a proper prefix of ``context`` (else None)."""
+        """The row's episode cache when it holds a proper prefix of ``context`` (else None). A row with images
+        has none: its image tokens take their features from this prefill's pixel inputs."""
+        if row.images:
+            return None
         cached = self._sessions.get(row.job.session) if row.job.session is not None else None
         if cached is None or len(cached.tokens) >= len(context):
             return None
@@ -217,7 +233,7 @@ class HFEngine(Engine):
         self.prefill_tokens += int(attention[:, reused:].sum())
         self.reused_tokens += sum(lengths)
         params = _row_params([r.job.sampling for r in rows])
-        vocab = model.config.vocab_size
+        vocab = self._text_config.vocab_size
         seen = None
         if params.any_penalty:
             seen = torch.zeros((len(rows), vocab), dtype=torch.bool)
@@ -230,6 +246,7 @@ class HFEngine(Engine):
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **self._image_inputs(rows),
         )
         active = list(range(len(rows)))  # batch row b ↔ rows[active[b]]; a cancelled row finishes
         # (ABORT) at its next step and leaves the batch with the next compaction
@@ -238,6 +255,7 @@ class HFEngine(Engine):
         while True:
             logits = out.logits[:, -1, :].float().cpu()
             z = sampling_logits(logits, params, seen, step, self._eos_ids)
+            z[:, self._input_only_ids] = float("-inf")
             generators = [rows[i].generator for i in active]
             tokens = sample_rows(z, params, generators)
             logprobs = tempered_logprobs(logits, params.temperature).gather(-1, tokens[:, None])[:, 0]
@@ -272,6 +290,19 @@ class HFEngine(Engine):
                 use_cache=True,
             )
 
+    def _image_inputs(self, rows: list[_Row]) -> dict[str, torch.Tensor]:
+        """The batch's image inputs: each key's per-image tensors of the rows with images, concatenated in row
+        order (the order of their image tokens in the batch, where the model scatters the image features),
+        floating ones in the model's dtype."""
+        with_images = [r.images for r in rows if r.images]
+        if not with_images:
+            return {}
+        out = {}
+        for key in with_images[0]:
+            tensor = torch.cat([images[key] for images in with_images])
+            out[key] = tensor.to(self.device, self._dtype if tensor.is_floating_point() else tensor.dtype)
+        return out
+
     def _seed(self, cache, cached: list[_SessionCache | None], lengths: list[int], reused: int) -> None:
         """Fill the cache's first ``reused`` positions with each row's cached KV, right-aligned, zeros
         elsewhere (masked: zeros rather than empty memory keep stray NaNs out of the masked sum)."""
@@ -295,7 +326,12 @@ class HFEngine(Engine):
             return
         for b in batch_rows:
             row = rows[active[b]]
-            if row.job.session is None or row.finish in (None, FinishReason.ABORT) or not row.tokens:
+            if (
+                row.job.session is None
+                or row.finish in (None, FinishReason.ABORT)
+                or not row.tokens
+                or row.images
+            ):
                 continue
             fed = len(row.tokens) - row.prefilled - 1
             real = torch.cat([attention[b, :width].nonzero()[:, 0], torch.arange(width, width + fed)])
@@ -402,7 +438,7 @@ class HFEngine(Engine):
         """The live weights without the active adapter (W0 where an adapter changed W)."""
         state = {k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()}
         state.update({k: v.to("cpu").contiguous() for k, v in self._base.items()})
-        if self.model.config.tie_word_embeddings:
+        if self._text_config.tie_word_embeddings:
             state.pop("lm_head.weight", None)  # shares storage with the embeddings
         return state
 

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from transformers import AutoConfig, PretrainedConfig
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from grpo_runtime.config import ConfigError
+from grpo_runtime.model_classes import generating_architectures, is_generative, is_vision_language
 from rollout_service.engines.base import Engine
 from rollout_service.engines.hf import HFEngine
 from rollout_service.settings import RolloutSettings
@@ -39,9 +39,11 @@ def check_model_dir(model_dir: str | None) -> PretrainedConfig:
     except (OSError, ValueError, KeyError) as exc:
         raise ConfigError(f"model: cannot read the config in {model_dir} ({exc})".replace("\n", " ")) from exc
     archs = list(getattr(config, "architectures", None) or [])
-    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (archs and not set(archs) & causal):
-        raise ConfigError(f"model: {model_dir} is not a causal language model (architectures: {archs})")
+    if not is_generative(config) or (archs and not set(archs) & generating_architectures()):
+        raise ConfigError(
+            f"model: {model_dir} is neither a causal language model nor a vision-language model "
+            f"(architectures: {archs})"
+        )
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise ConfigError(f"model: {model_dir} holds no weight files")
     return config
@@ -51,6 +53,8 @@ def vllm_unusable_reason(config: PretrainedConfig, device: str) -> str | None:
     """Why vLLM cannot serve this model here, or None when it can."""
     if importlib.util.find_spec("vllm") is None:
         return "vllm is not installed"
+    if is_vision_language(config):
+        return "the vLLM engine serves text-only models here"
     if device == "cpu":
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         if head_dim not in VLLM_CPU_HEAD_SIZES:

@@ -43,7 +43,7 @@ def test_model_checks_give_one_line_reasons(tiny_models, tmp_path):
         (None, "no model directory"),
         (str(tmp_path / "missing"), "is not a directory"),
         (str(tmp_path), "has no config.json"),
-        (str(tiny_models["orm"]), "is not a causal language model"),
+        (str(tiny_models["orm"]), "is neither a causal language model nor a vision-language model"),
     ]:
         with pytest.raises(ConfigError, match=reason) as info:
             check_model_dir(bad)
