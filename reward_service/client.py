@@ -53,6 +53,8 @@ __all__ = [
 TRL_NON_COLUMNS = frozenset(
     {"trainer_state", "log_extra", "log_metric", "environments", "prompts", "completions"}
 )
+# TRL's image columns of vision rows: the pictures went to the policy; a reward's metadata is JSON.
+TRL_IMAGE_COLUMNS = frozenset({"image", "images"})
 
 RewardSpecLike = str | RewardRequest | tuple[str, float] | tuple[str, float, Mapping[str, Any]]
 
@@ -101,8 +103,20 @@ def _prompt(prompt: Any) -> tuple[Message, ...]:
     if isinstance(prompt, str):
         return (Message(role="user", content=prompt),)
     return tuple(
-        Message(role=str(m.get("role") or "user"), content=str(m.get("content") or "")) for m in prompt
+        Message(role=str(m.get("role") or "user"), content=_message_text(m.get("content"))) for m in prompt
     )
+
+
+def _message_text(content: Any) -> str:
+    """A message's text: its text parts joined by newlines for a vision row's list of parts (the images
+    left out: rewards score text), else its content as text."""
+    if isinstance(content, list):
+        return "\n".join(
+            str(part.get("text") or "")
+            for part in content
+            if isinstance(part, Mapping) and part.get("type") == "text"
+        )
+    return str(content or "")
 
 
 def trl_samples(
@@ -117,7 +131,7 @@ def trl_samples(
     usable = {
         k: v
         for k, v in columns.items()
-        if k not in TRL_NON_COLUMNS
+        if k not in TRL_NON_COLUMNS | TRL_IMAGE_COLUMNS
         and isinstance(v, Sequence | list)
         and not isinstance(v, str)
         and len(v) == n

@@ -35,6 +35,7 @@ from pydantic import AfterValidator, Field, ValidationError, field_validator, mo
 # (``training.optimizer.learning_rate: must be > 0``), so whatever handles a service's config error handles a
 # run config's too.
 from grpo_runtime.config import ConfigError, safe_load_yaml, validation_errors
+from grpo_runtime.images import ImageLimits
 from trainer_service.config.agents import HOST_PLACEHOLDER
 from trainer_service.config.fields import FiniteParams, StrictModel
 from trainer_service.config.key_paths import nearest_key
@@ -98,6 +99,11 @@ class DataConfig(StrictModel):
         default=None,
         ge=1,
         description="Prompts longer than this many tokens are rejected by the data check; None = no limit.",
+    )
+    images: ImageLimits = Field(
+        default_factory=ImageLimits,
+        description="Limits on a vision row's images (its 'image' or 'images' column), checked as each is "
+        "loaded: count per row, encoded bytes and decoded pixels of each.",
     )
 
 

@@ -68,6 +68,11 @@ class LoraConfig(StrictModel):
     )
     use_dora: bool = Field(default=False, description="Weight-decomposed LoRA (DoRA).")
     use_rslora: bool = Field(default=False, description="Rank-stabilised scaling α/√r.")
+    train_vision_tower: bool = Field(
+        default=False,
+        description="A vision-language policy: adapt (or, at r 0, train) its vision tower and projector too; "
+        "false = only its language model is adapted or trained, the vision side stays frozen.",
+    )
 
 
 class ModelConfig(StrictModel):

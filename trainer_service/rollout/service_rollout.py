@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_runtime.images import encode_png
 from grpo_runtime.prompt_groups import prompt_runs
 from grpo_runtime.retry import RetryPolicy, call_with_retry
 from trainer_service.config.run_config import RunConfig
@@ -131,14 +132,25 @@ def _generate_shard(client: Any, requests: list[_Request], runs: int, partial: b
     return [completion for group in results for completion in group]
 
 
-def _as_messages(prompt: Any) -> list[dict[str, str]] | str:
-    """TRL prompts are message lists (conversational) or plain strings."""
+def _as_messages(prompt: Any) -> list[dict[str, Any]] | str:
+    """TRL prompts are message lists (conversational) or plain strings; a vision row's message content is a
+    list of parts, whose images (filled in by TRL) travel as PNG bytes."""
     if isinstance(prompt, str):
         return prompt
-    return [
-        {"role": m["role"], "content": m["content"] if isinstance(m["content"], str) else str(m["content"])}
-        for m in prompt
-    ]
+    return [{"role": m["role"], "content": _as_content(m["content"])} for m in prompt]
+
+
+def _as_content(content: Any) -> str | list[dict[str, Any]]:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return [
+            {"type": "image", "data": encode_png(part["image"]), "media_type": "image/png"}
+            if part.get("type") == "image"
+            else {"type": "text", "text": part["text"]}
+            for part in content
+        ]
+    return str(content)
 
 
 class ServiceRollout:

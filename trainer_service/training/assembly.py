@@ -23,7 +23,7 @@ from typing import Any
 
 import datasets
 from torch.utils.data import Sampler
-from transformers import PreTrainedTokenizerBase, TrainerCallback
+from transformers import PreTrainedTokenizerBase, ProcessorMixin, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 from trl import GRPOConfig, GRPOTrainer
 
@@ -42,7 +42,13 @@ from trainer_service.rollout.replicas import RolloutReplicas
 from trainer_service.rollout.service_rollout import SamplingConfig, ServiceRollout
 from trainer_service.rollout.weight_sync import WeightSync, WeightSyncCallback
 from trainer_service.rollout.weight_transport import WeightTransports
-from trainer_service.training.builders import Device, build_grpo_config, build_model, load_tokenizer
+from trainer_service.training.builders import (
+    Device,
+    build_grpo_config,
+    build_model,
+    load_processor,
+    load_tokenizer,
+)
 from trainer_service.training.callbacks import MetricsCallback, StopCallback, StopFlag
 from trainer_service.training.curriculum import Curriculum, CurriculumCallback
 from trainer_service.training.data import check_prompt_lengths, to_dataset
@@ -69,6 +75,12 @@ class JobData:
     tokenizer: PreTrainedTokenizerBase
     episodes: EpisodePlan | None
     agents: AgentEpisodes | None = None
+    # TRL's processing_class: the tokenizer, or a vision-language policy's processor (whose tokenizer it is).
+    processor: ProcessorMixin | None = None
+
+    @property
+    def processing_class(self) -> PreTrainedTokenizerBase | ProcessorMixin:
+        return self.processor if self.processor is not None else self.tokenizer
 
 
 @dataclass(frozen=True)
@@ -126,7 +138,8 @@ def build_data(
     tokenizer, prompt lengths checked against ``data.max_prompt_length`` (tokens), and the episode plan."""
     train = to_dataset(rows["train"], terms, split="train", requirements=requirements)
     held_out = to_dataset(rows["eval"], terms, split="eval", requirements=requirements)
-    tokenizer = load_tokenizer(config)
+    processor = load_processor(config)
+    tokenizer = processor.tokenizer if processor is not None else load_tokenizer(config)
     limit = config.data.max_prompt_length
     if limit is not None:
         check_prompt_lengths(train, tokenizer, limit, split="train")
@@ -135,7 +148,7 @@ def build_data(
     end_token_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
     episodes = episode_plan(config, train, held_out, end_token_id=end_token_id or 0)
     agents = agent_episodes(config, train, held_out, end_token_id=end_token_id or 0)
-    return JobData(train=train, eval=held_out, tokenizer=tokenizer, episodes=episodes, agents=agents)
+    return JobData(train, held_out, tokenizer, episodes, agents, processor)
 
 
 def build_curriculum(
@@ -358,7 +371,7 @@ def build_trainer(
         args=objective.args,
         reward_funcs=objective.reward_funcs,
         train_dataset=data.train,
-        processing_class=data.tokenizer,
+        processing_class=data.processing_class,
         rollout_func=callbacks.guard.recorder if callbacks.guard is not None else func,
         importance_sampling=objective.importance_sampling,
         dynamic_sampling=objective.dynamic_sampling,

@@ -15,10 +15,19 @@ from typing import Any, Literal
 import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import TaskType, get_peft_model, prepare_model_for_kbit_training
-from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoProcessor,
+    AutoTokenizer,
+    BitsAndBytesConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    ProcessorMixin,
+)
 from transformers.trainer_utils import FSDPOption
 from trl import GRPOConfig
 
+from grpo_runtime.model_classes import auto_model_class, is_vision_language
 from trainer_service.config.run_config import ConfigError, RunConfig
 from trainer_service.config.variants import grpo_config_overrides
 from trainer_service.rollout.agent_episodes import uses_agent_reward
@@ -55,8 +64,21 @@ def resolve_device(config: RunConfig) -> Device:
     return Device.named(wanted or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
+def load_processor(config: RunConfig) -> ProcessorMixin | None:
+    """A vision-language base's processor (its image processor and tokenizer, the tokenizer checked as
+    :func:`load_tokenizer` checks it); None for a text-only base."""
+    if not is_vision_language(AutoConfig.from_pretrained(config.base)):
+        return None
+    processor = AutoProcessor.from_pretrained(config.base)
+    processor.tokenizer = _checked_tokenizer(processor.tokenizer)
+    return processor
+
+
 def load_tokenizer(config: RunConfig) -> PreTrainedTokenizerBase:
-    tokenizer = AutoTokenizer.from_pretrained(config.base)
+    return _checked_tokenizer(AutoTokenizer.from_pretrained(config.base))
+
+
+def _checked_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if not getattr(tokenizer, "chat_template", None):
@@ -109,12 +131,16 @@ def build_model(config: RunConfig, device: Device) -> torch.nn.Module:
     if quant is not None:
         kwargs["quantization_config"] = quant
         kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
-    model = AutoModelForCausalLM.from_pretrained(config.base, **kwargs)
+    model = auto_model_class(AutoConfig.from_pretrained(config.base)).from_pretrained(config.base, **kwargs)
     if quant is not None:
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=t.optimizer.gradient_checkpointing
         )
+    vision_side = [] if t.model.lora.train_vision_tower else vision_modules(model)
     if t.model.lora.r == 0:
+        for name, param in model.named_parameters():
+            if any(name.startswith(f"{module}.") for module in vision_side):
+                param.requires_grad_(False)
         return model
     adapter = PeftLoraConfig(
         r=t.model.lora.r,
@@ -126,8 +152,24 @@ def build_model(config: RunConfig, device: Device) -> torch.nn.Module:
         use_rslora=t.model.lora.use_rslora,
         bias="none",
         task_type=TaskType.CAUSAL_LM,
+        exclude_modules=[
+            name for name, _ in model.named_modules() if any(name.startswith(m) for m in vision_side)
+        ]
+        or None,
     )
     return get_peft_model(model, adapter)
+
+
+def vision_modules(model: PreTrainedModel) -> list[str]:
+    """Names of a vision-language model's top-level modules outside its language model and LM head (the
+    vision tower and the projector); empty for a text-only model."""
+    if not is_vision_language(model.config):
+        return []
+    decoder = model.get_decoder()
+    inner = next(name for name, module in model.named_modules() if module is decoder)
+    parent = inner.rpartition(".")[0]
+    siblings = model.get_submodule(parent).named_children() if parent else model.named_children()
+    return [f"{parent}.{name}" if parent else name for name, module in siblings if module is not decoder]
 
 
 # Sharding strategy → FSDP2's ``reshard_after_forward`` (FSDP1 takes any strategy, by name).

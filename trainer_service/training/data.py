@@ -31,9 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow  # type: ignore[import-untyped]
 
 from trainer_service.config.reward_terms import RewardTerm
 from trainer_service.config.run_config import DataConfig, GeneratedData, generated_task
+from trainer_service.training.row_images import ImageColumnError, load_row_images
 
 Row = dict[str, Any]
 
@@ -127,7 +129,7 @@ def detect_format(row: Mapping[str, Any]) -> str:
     raise ValueError("no prompt column: expected 'messages', 'prompt' or 'instruction'")
 
 
-def _check_messages(messages: Any, *, column: str) -> list[dict[str, str]]:
+def _check_messages(messages: Any, *, column: str) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise ValueError(f"column {column!r} must be a non-empty list of messages")
     checked = []
@@ -138,14 +140,33 @@ def _check_messages(messages: Any, *, column: str) -> list[dict[str, str]]:
             or not message["role"]
         ):
             raise ValueError(f"column {column!r} message {index} needs a non-empty 'role'")
-        content = message.get("content")
-        if not isinstance(content, str):
-            raise ValueError(f"column {column!r} message {index} needs a string 'content'")
-        checked.append({"role": message["role"], "content": content})
+        checked.append({"role": message["role"], "content": _content(message.get("content"), column, index)})
     return checked
 
 
-def _prompt_messages(value: Any, *, column: str) -> list[dict[str, str]]:
+def _content(content: Any, column: str, index: int) -> str | list[dict[str, str]]:
+    """A message's content: a string, or (a vision row) a list of ``{"type": "text", "text": ...}`` parts and
+    ``{"type": "image"}`` placeholders, filled with the row's images in order."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        raise ValueError(f"column {column!r} message {index} needs a string 'content' or a list of parts")
+    parts: list[dict[str, str]] = []
+    for k, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "image":
+            parts.append({"type": "image"})
+        else:
+            raise ValueError(
+                f"column {column!r} message {index} part {k}: expected {{'type': 'text', 'text': ...}} or "
+                "{'type': 'image'}"
+            )
+    return parts
+
+
+def _prompt_messages(value: Any, *, column: str) -> list[dict[str, Any]]:
     if isinstance(value, str):
         if not value.strip():
             raise ValueError(f"column {column!r} is empty")
@@ -291,7 +312,15 @@ def read_split(config: DataConfig, *, split: str) -> list[Row] | None:
     task = generated_task(path)
     if task is not None:
         return generate_rows(task, config.reasoning_gym, split=split)
-    return prepare_rows(read_rows(path, split=split), fmt=config.format, split=split)
+    rows = prepare_rows(read_rows(path, split=split), fmt=config.format, split=split)
+    source = Path(path)
+    directory = source if source.is_dir() else source.parent
+    for index, row in enumerate(rows):
+        try:
+            load_row_images(row, directory, config.images)
+        except ImageColumnError as exc:
+            raise DataError(f"{split} row {index}: {exc}") from exc
+    return rows
 
 
 def to_dataset(
@@ -305,7 +334,13 @@ def to_dataset(
     if rows is None:
         return None
     validate_reward_metadata(rows, rewards, split=split, requirements=requirements)
-    return datasets.Dataset.from_list(rows)
+    try:
+        return datasets.Dataset.from_list(rows)
+    except (pyarrow.ArrowInvalid, pyarrow.ArrowTypeError) as exc:
+        raise DataError(
+            f"{split} rows mix column types Arrow cannot hold in one column (for example message contents "
+            f"that are text in some rows and lists of parts in others): {exc}"
+        ) from exc
 
 
 def check_prompt_lengths(

@@ -38,6 +38,7 @@ from trainer_service.rollout.weight_sync import WeightSync
 from trainer_service.training.callbacks import EVAL_METRICS_FILE
 from trainer_service.training.eval_metrics import Value, summarize
 from trainer_service.training.rewards import BatchScorer
+from trainer_service.training.row_images import IMAGE_COLUMNS, prompts_with_images
 
 # Prompts per Generate / Score call: far below the services' request limits (4096) at any G.
 CHUNK_PROMPTS = 64
@@ -103,7 +104,7 @@ class HeldOutEvaluator:
         self, rows: datasets.Dataset, rollout: ServiceRollout, n: int, trainer: Any
     ) -> dict[str, list[Value]]:
         """Each term's value of ``n`` completions per row, prompt-major."""
-        prompts = [prompt for prompt in rows["prompt"] for _ in range(n)]
+        prompts = [prompt for prompt in prompts_with_images(rows) for _ in range(n)]
         generated = rollout(prompts, trainer)
         texts = self.tokenizer.batch_decode(generated["completion_ids"], skip_special_tokens=True)
         # TRL's completion of a chat prompt is one assistant message.
@@ -114,7 +115,7 @@ class HeldOutEvaluator:
         columns = {
             name: [value for value in rows[name] for _ in range(n)]
             for name in rows.column_names
-            if name != "prompt"
+            if name not in ("prompt", *IMAGE_COLUMNS)
         }
         components = self.scorer.components(prompts, completions, generated["completion_ids"], columns)
         return {term: [component.value for component in values] for term, values in components.items()}

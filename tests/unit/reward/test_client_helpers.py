@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from reward_service.client import json_safe, to_reward_request, trl_samples
 from reward_service.core.types import RewardRequest
@@ -25,6 +26,22 @@ def test_trl_batch_to_samples():
     assert samples[0].completion_ids == (1, 2)
     assert [s.metadata for s in samples] == [{"answer": "1"}, {"answer": "1"}, {"answer": "2"}]
     assert samples[0].group == samples[1].group != samples[2].group
+
+
+def test_vision_rows_send_their_text_and_keep_their_pictures():
+    """A vision row's prompt parts reach the reward service as text; the image columns stay behind."""
+    picture = Image.new("RGB", (8, 8))
+    parts = [{"type": "image", "image": picture, "text": None}, {"type": "text", "text": "How many?"}]
+    prompts = [
+        [
+            {"role": "system", "content": [{"type": "text", "text": "Count."}]},
+            {"role": "user", "content": parts},
+        ]
+    ]
+    columns = {"image": [picture], "images": [[picture]], "answer": ["2"]}
+    [sample] = trl_samples(prompts, ["2"], None, columns)
+    assert [(m.role, m.content) for m in sample.prompt] == [("system", "Count."), ("user", "How many?")]
+    assert sample.metadata == {"answer": "2"}
 
 
 def test_plain_strings_and_repeated_prompt_later_is_a_new_group():

@@ -1,0 +1,98 @@
+"""Vision-language GRPO through REAL locally spawned services: configs/vision.yaml, shortened, on the shipped
+tiny LLaVA (models/vision) and the count-the-squares rows with their PNG files.
+
+The pictures travel to the rollout service as image parts; TRL's forward gets the processor's pixel values
+for the same pictures, so the trainer's logprobs equal the rollout service's (``sampling_logp_difference``);
+the adapter covers the language model only; held-out evaluation plays the pictures too; the same run is
+accepted by ``python -m trainer_service check`` and an escaping image path is refused naming the row.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from tiny_models.demo import read_jsonl, write_jsonl
+from trainer_service.__main__ import main
+from trainer_service.config.run_config import parse_config
+from trainer_service.core.types import RunState
+from trainer_service.local.launcher import LocalServices, start_local_services
+from trainer_service.training.callbacks import read_metrics
+from trainer_service.training.job import run_job
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[3]
+CONFIG = ROOT / "configs" / "vision.yaml"
+DATA = ROOT / "data" / "vision"
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def vision_services(tmp_path_factory) -> LocalServices:
+    with start_local_services(
+        need_reward=True,
+        need_rollout=True,
+        model=ROOT / "models" / "vision",
+        engine="hf",
+        log_dir=tmp_path_factory.mktemp("vision-service-logs"),
+    ) as local:
+        yield local
+
+
+def vision_config(output: Path, eval_file: Path, services: LocalServices | None = None) -> dict:
+    raw = yaml.safe_load(CONFIG.read_text())
+    raw["services"] = (
+        {"reward": services.reward.target, "rollout": services.rollout.target} if services else {}
+    )
+    raw["base"] = str(ROOT / raw["base"])
+    raw["output"] = str(output)
+    raw["data"] = {"train": str(DATA / "train.jsonl"), "eval": str(eval_file)}
+    raw["training"].update(max_steps=STEPS, save_steps=STEPS)
+    raw["training"]["evaluation"] = {"eval_steps": STEPS, "num_generations_eval": 2}
+    return raw
+
+
+def test_a_vision_run_trains_on_what_the_rollout_service_saw(vision_services, tmp_path):
+    eval_file = DATA / "eval-slice.jsonl"  # beside the rows, so their relative image paths resolve
+    write_jsonl(read_jsonl(DATA / "test.jsonl")[:16], eval_file)
+    try:
+        result = run_job(parse_config(vision_config(tmp_path / "run", eval_file, vision_services)))
+    finally:
+        eval_file.unlink()
+    assert result.state is RunState.COMPLETED, result.message
+    records = read_metrics(result.metrics_path)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    # Without the pictures in TRL's forward, the image tokens would read other features and the logprobs
+    # would differ by whole nats; with them, only float noise remains.
+    compared = [
+        r["sampling/sampling_logp_difference/max"]
+        for r in records
+        if "sampling/sampling_logp_difference/max" in r
+    ]
+    assert compared and max(compared) < 1e-3
+    evaluations = read_metrics(result.output_dir / "eval_metrics.jsonl")
+    assert [row["step"] for row in evaluations] == [0, STEPS]
+    assert 0.0 < evaluations[0]["accuracy_greedy"] < 1.0  # the warm start counts some pictures right
+    adapter = load_file(result.output_dir / "adapter_model.safetensors")
+    assert adapter and all("language_model" in name for name in adapter)
+    assert (result.output_dir / "processor_config.json").exists()
+
+
+def test_check_accepts_the_vision_run_and_names_an_escaping_image(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(vision_config(tmp_path / "runs", DATA / "test.jsonl")))
+    assert main(["check", str(path)]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["resolved"]["rows"] == {"train": 2000, "eval": 400}
+    escaping = tmp_path / "escaping.jsonl"
+    row = read_jsonl(DATA / "train.jsonl")[0] | {"image": "../../etc/passwd.png"}
+    escaping.write_text(json.dumps(row) + "\n")
+    config = vision_config(tmp_path / "runs", DATA / "test.jsonl")
+    config["data"]["train"] = str(escaping)
+    path.write_text(yaml.safe_dump(config))
+    assert main(["check", str(path)]) != 0
+    assert "train row 0: column image: path '../../etc/passwd.png' leads outside" in capsys.readouterr().err
