@@ -60,6 +60,7 @@ from torch.utils.data import Sampler
 
 from grpo_runtime.prompt_groups import prompt_key, prompt_runs
 from trainer_service.rollout.core_borrowing import CoreBorrowing
+from trainer_service.rollout.prompt_images import prompts_with_images
 from trainer_service.rollout.replicas import RolloutUnavailable
 from trainer_service.rollout.service_rollout import ServiceRollout
 from trainer_service.rollout.token_staleness import TokenStaleness, bound_tokens
@@ -166,7 +167,7 @@ class AsyncServiceRollout:
         """Read prompts from the trainer's train dataset and, with core borrowing, switch its model's threads
         (call before ``trainer.train()``)."""
         dataset = trainer.train_dataset
-        self._prompt_of = lambda index: dataset[index]["prompt"]
+        self._prompt_of = lambda index: prompts_with_images([dataset[index]])[0]
         if self.cores is not None:
             self.cores.attach(trainer.model)
 

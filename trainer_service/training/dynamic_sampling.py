@@ -50,6 +50,8 @@ _LEFT_PADDED = frozenset({"prompt_ids", "prompt_mask"})
 # Padding of the right-padded keys beyond a row's completion (never read: completion_mask is 0 there).
 _PAD_VALUES = {"tool_mask": 1}
 _ID_KEYS = frozenset({"prompt_ids", "completion_ids"})
+# Multimodal batch keys with one row per image (a LLaVA-style processor's), merged by ``num_images``.
+_PER_IMAGE_KEYS = frozenset({"pixel_values", "image_sizes"})
 
 
 @dataclass(frozen=True)
@@ -112,12 +114,17 @@ def merge_groups(
     Per-sample tensors (dim 0 = completions, prompt-major groups of ``group_size``) are gathered group by
     group and padded to a common width (prompts on the left, completions on the right);
     ``num_items_in_batch`` is recounted as the active loss tokens (``completion_mask`` × ``tool_mask``) of
-    the merged batch; a round without ``tool_mask`` counts as all ones beside rounds with one. A key this
-    function does not know how to merge (multimodal inputs) is an error.
+    the merged batch; a round without ``tool_mask`` counts as all ones beside rounds with one. A vision
+    batch's images follow their completions (``_merge_images``); a key this function does not know how to
+    merge is an error.
     """
     keys = list(batches[0])
-    merged: dict[str, Any] = {}
+    images = _merge_images(batches, picks, group_size) if "num_images" in keys else {}
+    merged: dict[str, Any] = {}  # in the batch's key order: TRL's split_tensor_dict sizes by the first key
     for key in keys:
+        if key in images:
+            merged[key] = images[key]
+            continue
         if key == "num_items_in_batch":
             continue
         values = [batch.get(key) for batch in batches]
@@ -147,6 +154,28 @@ def merge_groups(
         mask = mask * merged["tool_mask"]
     merged["num_items_in_batch"] = mask.sum()
     return merged
+
+
+def _merge_images(
+    batches: Sequence[dict[str, Any]], picks: Sequence[tuple[int, int]], group_size: int
+) -> dict[str, Any]:
+    """The picked groups' images: ``num_images`` (one count per completion) and the per-image tensors
+    (``pixel_values`` of shape (images, channels, height, width), ``image_sizes``), whose rows belong to the
+    completions in order. An architecture whose pixel rows are patches or tiles (``image_grid_thw``,
+    ``num_tiles``) is not merged: its keys stay unknown and refused."""
+    merged: dict[str, Any] = {"num_images": []}
+    for key in _PER_IMAGE_KEYS & set(batches[0]):
+        merged[key] = []
+    for r, g in picks:
+        counts = batches[r]["num_images"]
+        start = sum(counts[: g * group_size])
+        end = start + sum(counts[g * group_size : (g + 1) * group_size])
+        merged["num_images"] += counts[g * group_size : (g + 1) * group_size]
+        for key in _PER_IMAGE_KEYS & set(batches[r]):
+            if batches[r][key].size(0) != sum(counts):
+                raise ValueError(f"dynamic sampling cannot merge batch key {key!r} (not one row per image)")
+            merged[key].append(batches[r][key][start:end])
+    return {key: value if key == "num_images" else torch.cat(value) for key, value in merged.items()}
 
 
 def draw_prompts(dataset_size: int, count: int, seed: int) -> list[int]:

@@ -32,13 +32,13 @@ from trainer_service.core.types import EventSink, JobEvent, RunState, discard
 from trainer_service.rollout.agent_episodes import AgentEpisodes
 from trainer_service.rollout.agent_rollout import AgentRollout
 from trainer_service.rollout.episodes import EpisodePlan
+from trainer_service.rollout.prompt_images import IMAGE_COLUMNS, prompts_with_images
 from trainer_service.rollout.replicas import RolloutReplicas
 from trainer_service.rollout.service_rollout import SamplingConfig, ServiceRollout
 from trainer_service.rollout.weight_sync import WeightSync
 from trainer_service.training.callbacks import EVAL_METRICS_FILE
 from trainer_service.training.eval_metrics import Value, summarize
 from trainer_service.training.rewards import BatchScorer
-from trainer_service.training.row_images import IMAGE_COLUMNS, prompts_with_images
 
 # Prompts per Generate / Score call: far below the services' request limits (4096) at any G.
 CHUNK_PROMPTS = 64

@@ -17,18 +17,17 @@ user turn). Failures are :class:`DataError` naming the split, row and column (``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
-from trl.data_utils import prepare_multimodal_messages
 
 from grpo_runtime.errors import InvalidArgument
 from grpo_runtime.images import MEDIA_TYPES, ImageLimits, decode_base64_image, decode_image
 from grpo_runtime.paths import is_within, resolve_path
+from trainer_service.rollout.prompt_images import IMAGE_COLUMNS
 
-IMAGE_COLUMNS = ("image", "images")
 SUFFIX_MEDIA_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".webp": "image/webp"}
 DATA_URI_PREFIX = "data:"
 BASE64_MARK = ";base64,"
@@ -128,13 +127,3 @@ def _check_placeholders(prompt: Any, count: int) -> None:
     )
     if placeholders and placeholders != count:
         raise ImageColumnError(f"the prompt holds {placeholders} image parts for {count} images")
-
-
-def prompts_with_images(rows: Iterable[Mapping[str, Any]]) -> list[Any]:
-    """Each row's prompt with its images filled in, as TRL fills a training batch's
-    (``prepare_multimodal_messages``: placeholders in order, or the images before the first user turn)."""
-    out = []
-    for row in rows:
-        images = row.get("images") or ([row["image"]] if row.get("image") is not None else [])
-        out.append(prepare_multimodal_messages(row["prompt"], images=images) if images else row["prompt"])
-    return out

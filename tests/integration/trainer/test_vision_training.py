@@ -96,3 +96,22 @@ def test_check_accepts_the_vision_run_and_names_an_escaping_image(tmp_path, caps
     path.write_text(yaml.safe_dump(config))
     assert main(["check", str(path)]) != 0
     assert "train row 0: column image: path '../../etc/passwd.png' leads outside" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("async_rollout", [False, True])
+def test_dynamic_sampling_and_async_mode_carry_the_pictures(vision_services, tmp_path, async_rollout):
+    """Replacement groups bring their own pictures into the merged batch (TRL's forward would fail on a
+    picture count that does not match the image tokens), and async prefetching sends them too."""
+    eval_file = tmp_path / "unused.jsonl"
+    raw = vision_config(tmp_path / "run", eval_file, vision_services)
+    raw["data"].pop("eval")
+    raw["training"].pop("evaluation")
+    raw["training"]["rollout"] = {"async_rollout": async_rollout}
+    raw["training"]["sampling"] = {"dynamic_sampling": {"max_gen_batches": 4}}
+    result = run_job(parse_config(raw))
+    assert result.state is RunState.COMPLETED, result.message
+    records = read_metrics(result.metrics_path)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert any(r["dynamic_sampling/generation_batches"] > 1 for r in records)
+    compared = [r[key] for r in records if (key := "sampling/sampling_logp_difference/max") in r]
+    assert compared and max(compared) < 1e-3

@@ -82,6 +82,24 @@ def test_merge_groups_reads_a_missing_tool_mask_as_all_ones_beside_a_round_with_
     assert int(merged["num_items_in_batch"]) == G * 2 + G * 1
 
 
+def test_merge_groups_takes_each_picked_completions_pictures():
+    """A vision batch: one pixel row per image, ``num_images`` per completion; the pictures go with their
+    completions (here one each, numbered by round and completion)."""
+    rounds = [_round(3, 4, [0.0] * 2 * G), _round(3, 4, [1.0] * G)]
+    for r, batch in enumerate(rounds):
+        completions = batch["advantages"].size(0)
+        batch["num_images"] = [1] * completions
+        batch["pixel_values"] = (
+            torch.arange(completions).float().view(-1, 1, 1, 1).expand(-1, 3, 2, 2) + 100 * r
+        )
+    merged = merge_groups(rounds, [(0, 1), (1, 0)], G, pad_token_id=0)
+    assert merged["num_images"] == [1] * 2 * G
+    assert merged["pixel_values"][:, 0, 0, 0].tolist() == [4.0, 5.0, 6.0, 7.0, 100.0, 101.0, 102.0, 103.0]
+    rounds[0]["pixel_values"] = rounds[0]["pixel_values"][:3]  # rows that are not one per image
+    with pytest.raises(ValueError, match="'pixel_values' \\(not one row per image\\)"):
+        merge_groups(rounds, [(0, 1), (1, 0)], G, pad_token_id=0)
+
+
 def test_replacement_draws_are_seeded_and_cover_the_split():
     assert draw_prompts(6, 6, seed=3) == draw_prompts(6, 6, seed=3)
     assert sorted(draw_prompts(6, 6, seed=3)) == list(range(6))

@@ -12,8 +12,8 @@ from PIL import Image
 from grpo_runtime.images import ImageLimits
 from tests.support.hostile_images import animation, corrupt_jpeg, encoded, picture, png_bomb
 from trainer_service.config.run_config import DataConfig
+from trainer_service.rollout.prompt_images import prompts_with_images
 from trainer_service.training.data import DataError, read_split, to_dataset
-from trainer_service.training.row_images import prompts_with_images
 
 QUESTION = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many squares?"}]}]
 PNG = encoded(picture(), "PNG")
