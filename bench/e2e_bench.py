@@ -83,19 +83,29 @@ from peft import PeftModel, get_peft_model_state_dict
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
+from grpo_runtime.chat_codec import ImagePart, MessageContent
+from grpo_runtime.images import encode_png
 from grpo_runtime.openmp import OPERATOR_KEYS, shared_core_openmp
 from rollout_service.core.validation import RequestValidator
 from rollout_service.engines.registry import build_engine
 from rollout_service.settings import RolloutSettings
 from rollout_service.types import GenerateRequest, PromptInput, SamplingSpec, WeightFormat
 from rollout_service.weights import ParamCatalog, validate_tensors
-from trainer_service.config.run_config import RunConfig, parse_config
+from trainer_service.config.run_config import DataConfig, RunConfig, parse_config
 from trainer_service.core.types import JobEvent, RunState
 from trainer_service.local.launcher import free_port, start_local_services
 from trainer_service.rollout.cpu_placement import cpu_cores, overlap_threads
+from trainer_service.rollout.prompt_images import IMAGE_COLUMNS
 from trainer_service.rollout.service_rollout import SamplingConfig, group_runs
-from trainer_service.training.builders import Device, build_grpo_config, build_model, load_tokenizer
+from trainer_service.training.builders import (
+    Device,
+    build_grpo_config,
+    build_model,
+    load_processor,
+    load_tokenizer,
+)
 from trainer_service.training.callbacks import read_metrics
+from trainer_service.training.data import read_split
 from trainer_service.training.job import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,8 +167,24 @@ class StepClock(TrainerCallback):
 
 
 def grpo_dataset(data: Path) -> Dataset:
-    rows = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
-    return Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+    """The rows as the trio's trainer reads them (a vision row's pictures loaded), answers and images kept."""
+    rows = read_split(DataConfig(train=str(data)), split="train") or []
+    kept = ("prompt", "answer", *IMAGE_COLUMNS)
+    return Dataset.from_list([{key: value for key, value in row.items() if key in kept} for row in rows])
+
+
+def prompt_input(prompt: list[dict[str, Any]]) -> PromptInput:
+    """A TRL prompt (its images filled in by TRL) as the rollout service's codec decodes one."""
+    return PromptInput(messages=tuple((m["role"], message_content(m["content"])) for m in prompt))
+
+
+def message_content(content: Any) -> MessageContent:
+    if isinstance(content, str):
+        return content
+    return tuple(
+        ImagePart(encode_png(part["image"]), "image/png") if part["type"] == "image" else part["text"]
+        for part in content
+    )
 
 
 # ------------------------------------------------------------------------------------------- baselines
@@ -173,7 +199,7 @@ def train_timed(
         args=args or build_grpo_config(config, Device.named("cpu")),
         reward_funcs=[numeric_accuracy],
         train_dataset=grpo_dataset(data),
-        processing_class=load_tokenizer(config),
+        processing_class=load_processor(config) or load_tokenizer(config),
         rollout_func=rollout_func,
         callbacks=[*callbacks, clock],
     )
@@ -200,7 +226,9 @@ class EngineRollout(TrainerCallback):
         self.engine = build_engine(str(model), RolloutSettings(model=str(model), engine="hf"))
         self.catalog = ParamCatalog.from_model_dir(model)
         vocab = self.catalog.shapes.get("model.embed_tokens.weight", (len(self.engine.tokenizer),))[0]
-        self.validator = RequestValidator(self.engine.tokenizer, self.engine.max_model_len, vocab)
+        self.validator = RequestValidator(
+            self.engine.tokenizer, self.engine.max_model_len, vocab, processor=self.engine.processor
+        )
         self.sampling = SamplingConfig.from_run(config)
         self.num_generations = config.training.generation.num_generations
         self.version = 0
@@ -216,9 +244,7 @@ class EngineRollout(TrainerCallback):
         spec = SamplingSpec(**self.sampling.for_step(int(trainer.state.global_step), self.calls).as_dict())
         self.calls += 1
         request = GenerateRequest(
-            prompts=tuple(
-                PromptInput(messages=tuple((m["role"], m["content"]) for m in prompt)) for prompt, _ in runs
-            ),
+            prompts=tuple(prompt_input(prompt) for prompt, _ in runs),
             n=n,
             sampling=spec,
         )
@@ -498,7 +524,7 @@ def bench_trl_async(config_dict: dict, data: Path, url: str) -> dict:
         reward_funcs=[numeric_accuracy],
         args=args,
         train_dataset=grpo_dataset(data),
-        processing_class=load_tokenizer(config),
+        processing_class=load_processor(config) or load_tokenizer(config),
         callbacks=[clock],
         peft_config=peft,
     )
