@@ -2,6 +2,11 @@
 
     python bench/e2e_bench.py [--model tests/assets/models/policy-large] [--steps 8] [--rounds 2]
                               [--only NAME ...] [--out bench/results/e2e.json]
+    python bench/e2e_bench.py --vision-large --only same_engine sync stock --out bench/results/vision_e2e.json
+
+The second form times vision-language GRPO: a randomly initialised LLaVA of the large shape (CLIP hidden 256,
+4 layers, under the 23M Qwen2; ``tiny_models.vision.write_untrained``) on the count-the-squares rows of
+``data/vision``, the pictures sent to the rollout service as image parts and given to TRL by the processor.
 
 Same model, data, LoRA and GRPOConfig (built by ``trainer_service.training.builders.build_grpo_config`` from
 one run config) for every configuration; rewards are the same numeric accuracy rule (last number of the
@@ -91,6 +96,7 @@ from rollout_service.engines.registry import build_engine
 from rollout_service.settings import RolloutSettings
 from rollout_service.types import GenerateRequest, PromptInput, SamplingSpec, WeightFormat
 from rollout_service.weights import ParamCatalog, validate_tensors
+from tiny_models.vision import write_untrained
 from trainer_service.config.run_config import DataConfig, RunConfig, parse_config
 from trainer_service.core.types import JobEvent, RunState
 from trainer_service.local.launcher import free_port, start_local_services
@@ -593,6 +599,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/e2e.json")
     parser.add_argument("--importance-sampling", choices=["auto", "on"], default="auto")
     parser.add_argument(
+        "--vision-large",
+        action="store_true",
+        help="time a randomly initialised 23M-parameter LLaVA (tiny_models.vision.write_untrained) on "
+        "data/vision instead of --model and --data",
+    )
+    parser.add_argument(
         "--no-thread-split", action="store_true", help="async: default threads in trainer and rollout service"
     )
     args = parser.parse_args(argv)
@@ -634,6 +646,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     with tempfile.TemporaryDirectory() as scratch, ExitStack() as stack:
         root = Path(scratch)
+        if args.vision_large:
+            args.model = write_untrained(root / "vision-large", "large")
+            args.data = ROOT / "data/vision/train.jsonl"
+            setup["model"] = "vision-large (tiny_models.vision.write_untrained)"
 
         def services(name: str, rollout_threads: int | None):
             return stack.enter_context(

@@ -111,19 +111,27 @@ def vision_processor(tokenizer: PreTrainedTokenizerFast) -> LlavaProcessor:
     )
 
 
-def llava_config(tokenizer: PreTrainedTokenizerFast) -> LlavaConfig:
-    """A CLIP tower (hidden 64, 2 layers, 28-pixel patches) under the shared tiny Qwen2."""
+# CLIP tower sizes beside each shared Qwen2 shape (``tiny_models.make.SHAPES``).
+VISION_SHAPES = {
+    "small": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2},
+    "large": {
+        "hidden_size": 256,
+        "intermediate_size": 1024,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+    },
+}
+
+
+def llava_config(tokenizer: PreTrainedTokenizerFast, shape: str = "small") -> LlavaConfig:
+    """A CLIP tower over 28-pixel patches under the shared Qwen2 of ``shape``: small (hidden 64, 2 layers,
+    under the 0.4M tiny Qwen2) or large (hidden 256, 4 layers, under the 23M one, for benchmarks)."""
     vision = CLIPVisionConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=vision_task.IMAGE_SIZE,
-        patch_size=PATCH_SIZE,
+        **VISION_SHAPES[shape], image_size=vision_task.IMAGE_SIZE, patch_size=PATCH_SIZE
     )
     return LlavaConfig(
         vision_config=vision,
-        text_config=qwen2_config(tokenizer),
+        text_config=qwen2_config(tokenizer, shape),
         image_token_index=token_id(tokenizer, IMAGE_TOKEN),
         image_seq_length=IMAGE_TOKENS,
         vision_feature_select_strategy="default",
@@ -358,6 +366,17 @@ def build_vision(
     }
     log(json.dumps(summary))
     return summary
+
+
+def write_untrained(out: Path, shape: str = "large", seed: int = 0) -> Path:
+    """A randomly initialised model of ``shape`` with its processor in ``out``: what benchmarks time, where
+    per-step overheads must be measured against real compute (its answers are noise)."""
+    torch.manual_seed(seed)
+    tokenizer = vision_tokenizer()
+    config = llava_config(tokenizer, shape)
+    processor = served_processor(vision_processor(tokenizer), config, out)
+    _save(LlavaForConditionalGeneration(config), processor.tokenizer, out)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
