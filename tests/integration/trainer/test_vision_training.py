@@ -115,3 +115,21 @@ def test_dynamic_sampling_and_async_mode_carry_the_pictures(vision_services, tmp
     assert any(r["dynamic_sampling/generation_batches"] > 1 for r in records)
     compared = [r[key] for r in records if (key := "sampling/sampling_logp_difference/max") in r]
     assert compared and max(compared) < 1e-3
+
+
+def test_the_vision_demo_learns_from_the_pictures(vision_services, tmp_path):
+    """configs/vision.yaml as `make run` trains it (500 steps), evaluated before and after on the 400 test
+    pictures: held-out greedy accuracy rises by at least 0.1.
+
+    Measured: 0.505 -> 0.690 (sampled 0.296 -> 0.559), 3 min 08 s for `make run` at load 1.1. Step 0 is the
+    committed model's greedy answers, the same on every CPU; later steps depend on the CPU's arithmetic, so
+    the bar holds by its margin (docs/testing.md)."""
+    raw = vision_config(tmp_path / "run", DATA / "test.jsonl", vision_services)
+    raw["training"].update(max_steps=500, save_steps=500)
+    raw["training"]["evaluation"] = {"eval_steps": 500, "num_generations_eval": 1}
+    result = run_job(parse_config(raw))
+    assert result.state is RunState.COMPLETED, result.message
+    before, after = (row["accuracy_greedy"] for row in read_metrics(result.output_dir / "eval_metrics.jsonl"))
+    print(f"held-out greedy accuracy {before:.3f} -> {after:.3f}")
+    assert before == pytest.approx(0.505)
+    assert after - before >= 0.1
