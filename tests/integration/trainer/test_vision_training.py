@@ -119,17 +119,20 @@ def test_dynamic_sampling_and_async_mode_carry_the_pictures(vision_services, tmp
 
 def test_the_vision_demo_learns_from_the_pictures(vision_services, tmp_path):
     """configs/vision.yaml as `make run` trains it (500 steps), evaluated before and after on the 400 test
-    pictures: held-out greedy accuracy rises by at least 0.1.
+    pictures: held-out accuracy rises by at least 0.1 (sampled, pass@1 of 4 at T = 1) and greedy rises too.
 
-    Measured: 0.505 -> 0.690 (sampled 0.296 -> 0.559), 3 min 08 s for `make run` at load 1.1. Step 0 is the
-    committed model's greedy answers, the same on every CPU; later steps depend on the CPU's arithmetic, so
-    the bar holds by its margin (docs/testing.md)."""
+    Measured by `make run` (load 1.1, 3 min 08 s): greedy 0.505 -> 0.690, sampled 0.296 -> 0.559; by this
+    test: greedy 0.505 -> 0.685, sampled 0.296 -> 0.563 (108 s). Step 0 is the committed model's answers,
+    the same on every CPU; later steps depend on the CPU's arithmetic and on what the shared rollout service
+    sampled before, so the bars hold by their margins (docs/testing.md)."""
     raw = vision_config(tmp_path / "run", DATA / "test.jsonl", vision_services)
     raw["training"].update(max_steps=500, save_steps=500)
-    raw["training"]["evaluation"] = {"eval_steps": 500, "num_generations_eval": 1}
+    raw["training"]["evaluation"] = {"eval_steps": 500, "num_generations_eval": 4}
     result = run_job(parse_config(raw))
     assert result.state is RunState.COMPLETED, result.message
-    before, after = (row["accuracy_greedy"] for row in read_metrics(result.output_dir / "eval_metrics.jsonl"))
-    print(f"held-out greedy accuracy {before:.3f} -> {after:.3f}")
-    assert before == pytest.approx(0.505)
-    assert after - before >= 0.1
+    before, after = read_metrics(result.output_dir / "eval_metrics.jsonl")
+    greedy, sampled = ((before[key], after[key]) for key in ("accuracy_greedy", "pass@1/accuracy"))
+    print(f"held-out greedy {greedy[0]:.3f} -> {greedy[1]:.3f}, sampled {sampled[0]:.3f} -> {sampled[1]:.3f}")
+    assert greedy[0] == pytest.approx(0.505)
+    assert sampled[1] - sampled[0] >= 0.1
+    assert greedy[1] - greedy[0] >= 0.05
