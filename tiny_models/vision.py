@@ -44,6 +44,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 from PIL import Image
@@ -111,8 +112,15 @@ def vision_processor(tokenizer: PreTrainedTokenizerFast) -> LlavaProcessor:
     )
 
 
+class VisionShape(TypedDict):
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+
+
 # CLIP tower sizes beside each shared Qwen2 shape (``tiny_models.make.SHAPES``).
-VISION_SHAPES = {
+VISION_SHAPES: dict[str, VisionShape] = {
     "small": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2},
     "large": {
         "hidden_size": 256,
