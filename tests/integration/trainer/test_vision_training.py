@@ -10,6 +10,7 @@ accepted by ``python -m trainer_service check`` and an escaping image path is re
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,16 @@ def vision_services(tmp_path_factory) -> LocalServices:
         yield local
 
 
+def eval_slice(directory: Path, rows: int) -> Path:
+    """The first ``rows`` test rows with copies of their pictures in ``directory`` (image paths are relative
+    to the data file's directory and may not leave it)."""
+    selected = read_jsonl(DATA / "test.jsonl")[:rows]
+    for row in selected:
+        (directory / row["image"]).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(DATA / row["image"], directory / row["image"])
+    return write_jsonl(selected, directory / "eval.jsonl")
+
+
 def vision_config(output: Path, eval_file: Path, services: LocalServices | None = None) -> dict:
     raw = yaml.safe_load(CONFIG.read_text())
     raw["services"] = (
@@ -58,12 +69,8 @@ def vision_config(output: Path, eval_file: Path, services: LocalServices | None 
 
 
 def test_a_vision_run_trains_on_what_the_rollout_service_saw(vision_services, tmp_path):
-    eval_file = DATA / "eval-slice.jsonl"  # beside the rows, so their relative image paths resolve
-    write_jsonl(read_jsonl(DATA / "test.jsonl")[:16], eval_file)
-    try:
-        result = run_job(parse_config(vision_config(tmp_path / "run", eval_file, vision_services)))
-    finally:
-        eval_file.unlink()
+    eval_file = eval_slice(tmp_path / "eval", 16)
+    result = run_job(parse_config(vision_config(tmp_path / "run", eval_file, vision_services)))
     assert result.state is RunState.COMPLETED, result.message
     records = read_metrics(result.metrics_path)
     assert [r["step"] for r in records] == [1, 2, 3]
@@ -136,3 +143,27 @@ def test_the_vision_demo_learns_from_the_pictures(vision_services, tmp_path):
     assert greedy[0] == pytest.approx(0.505)
     assert sampled[1] - sampled[0] >= 0.1
     assert greedy[1] - greedy[0] >= 0.05
+
+
+def test_an_eval_gate_rollback_restores_a_vision_checkpoint(vision_services, tmp_path):
+    """Guards work on a vision run: a gate no evaluation can pass rolls step 2 back to checkpoint-1."""
+    eval_file = eval_slice(tmp_path / "eval", 8)
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps({"accuracy_greedy": 2.0}))  # above any accuracy
+    raw = vision_config(tmp_path / "run", eval_file, vision_services)
+    raw["training"].update(max_steps=2, save_steps=1)
+    raw["training"]["evaluation"] = {"eval_steps": 2, "num_generations_eval": 2}
+    raw["training"]["guards"] = {
+        "eval_gate": {"action": "rollback", "baseline_file": str(baseline)},
+        "rollback": {"max_attempts": 1, "lr_factor": 0.5},
+    }
+    result = run_job(parse_config(raw))
+    assert result.state is RunState.COMPLETED, result.message
+    rows = read_metrics(result.output_dir / "guards.jsonl")
+    assert [(row["step"], row["action"]) for row in rows] == [(1, "none"), (2, "rollback")]
+    assert rows[1]["restored"] == "checkpoint-1"
+    final, good = (
+        load_file(d / "adapter_model.safetensors")
+        for d in (result.output_dir, result.output_dir / "checkpoint-1")
+    )
+    assert final.keys() == good.keys() and all(final[k].equal(good[k]) for k in final)
