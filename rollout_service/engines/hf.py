@@ -15,6 +15,12 @@ ratio divides by. PipelineRL keeps the stale KV cache instead (no extra prefill,
 logprob is neither policy's: the prefix's keys and values are the old weights'); one batched prefill per
 update that actually arrives mid-batch is a small price for a ratio that means what it says.
 
+Vision-language models (a checkpoint with a ``vision_config``) load with ``AutoModelForImageTextToText``
+and their ``AutoProcessor``; a job's prompts then carry the processor's image inputs
+(``GenerationJob.image_inputs``), which the prefill receives concatenated in row order, the order of the
+batch's image tokens. The image token is never sampled, and rows with images keep no episode cache (their
+prefill needs the pixels).
+
 Weights: a LoRA adapter is merged into the live weights, W = W0 + s·B·A, keeping a copy of W0
 for the modules it touches so the next adapter (or a state dict) starts from the base again.
 
