@@ -40,6 +40,7 @@ from transformers import (
 from grpo_runtime.tokenizing import chat_token_ids
 from tiny_models.make import _save, qwen2_config, served_tokenizer
 from tiny_models.tokenizer import build_tokenizer
+from tiny_models.warm_start import train_until
 
 # a op b with a up to two digits and b one digit: the tiny model reaches one half in about 400 steps
 # (with both operands up to 99 it was still below 0.4 after 1,300, too long for a build step on 2 cores).
@@ -213,36 +214,21 @@ def pretrain(
     seed: int,
     log=print,
 ) -> list[dict]:
-    """Supervised next-token training until greedy validation accuracy reaches ``target``.
-
-    AdamW at a constant ``learning_rate``; every ``eval_every`` steps greedy accuracy on ``val_rows``
-    is measured and training stops at the first evaluation >= ``target`` (or at ``max_steps``).
-    Returns the evaluation log: dicts with step, loss (mean over the interval) and greedy accuracy.
-    """
+    """Supervised next-token training until greedy validation accuracy reaches ``target``
+    (:func:`~tiny_models.warm_start.train_until`); the log's measure is ``greedy_val_accuracy``."""
     examples = [encode_example(tokenizer, row) for row in train_rows]
     rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
-    history: list[dict] = []
-    losses: list[float] = []
-    model.train()
-    for step in range(1, max_steps + 1):
-        batch = _collate(rng.sample(examples, batch_size), tokenizer.pad_token_id)
-        loss = model(**batch).loss
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.item())
-        if step % eval_every == 0 or step == max_steps:
-            greedy = accuracy(model, tokenizer, val_rows)
-            record = {"step": step, "loss": sum(losses) / len(losses), "greedy_val_accuracy": greedy}
-            history.append(record)
-            log(json.dumps(record))
-            losses = []
-            if greedy >= target:
-                break
-    model.eval()
-    return history
+    return train_until(
+        model,
+        lambda: _collate(rng.sample(examples, batch_size), tokenizer.pad_token_id),
+        lambda: accuracy(model, tokenizer, val_rows),
+        name="greedy_val_accuracy",
+        target=target,
+        learning_rate=learning_rate,
+        max_steps=max_steps,
+        eval_every=eval_every,
+        log=log,
+    )
 
 
 def build_demo(

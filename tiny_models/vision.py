@@ -65,6 +65,7 @@ from tiny_models import vision_task
 from tiny_models.demo import is_correct
 from tiny_models.make import _save, qwen2_config
 from tiny_models.tokenizer import build_tokenizer
+from tiny_models.warm_start import train_until
 
 IMAGE_TOKEN = "<image>"
 PATCH_SIZE = 28
@@ -289,37 +290,28 @@ def pretrain(
     seed: int,
     log=print,
 ) -> list[dict]:
-    """Supervised training on the answer tokens until ``phase.metric`` on ``validation`` reaches its target.
-
-    AdamW at a constant ``phase.learning_rate``, gradients clipped to norm 1; every ``eval_every`` steps the
-    metric is measured and training stops at the first evaluation >= ``phase.target`` (or at
-    ``max_steps``). Returns the evaluation log: dicts with phase, step, loss (mean over the interval) and
-    the metric.
-    """
+    """Supervised training on the answer tokens until ``phase.metric`` on ``validation`` reaches its target
+    (:func:`~tiny_models.warm_start.train_until` at ``phase.learning_rate``). Returns the evaluation log:
+    dicts with phase, step, loss (mean over the interval) and ``val_<metric>``."""
     rng = random.Random(f"{seed}:{phase.name}")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=phase.learning_rate, weight_decay=0.0)
-    history: list[dict] = []
-    losses: list[float] = []
-    model.train()
-    for step in range(1, max_steps + 1):
+
+    def next_batch() -> BatchFeature:
         sample = rng.sample(train, batch_size)
         images = [vision_task.blank_image() if phase.blank else p.image() for p in sample]
-        loss = model(**encode(processor, images, [p.answer for p in sample])).loss
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.item())
-        if step % eval_every == 0 or step == max_steps:
-            value = phase.metric(model, processor, validation)
-            record = {"phase": phase.name, "step": step, "loss": sum(losses) / len(losses)}
-            history.append(record | {f"val_{phase.metric.__name__}": value})
-            log(json.dumps(history[-1]))
-            losses = []
-            if value >= phase.target:
-                break
-    model.eval()
-    return history
+        return encode(processor, images, [p.answer for p in sample])
+
+    history = train_until(
+        model,
+        next_batch,
+        lambda: phase.metric(model, processor, validation),
+        name=f"val_{phase.metric.__name__}",
+        target=phase.target,
+        learning_rate=phase.learning_rate,
+        max_steps=max_steps,
+        eval_every=eval_every,
+        log=log,
+    )
+    return [{"phase": phase.name} | record for record in history]
 
 
 def build_vision(
