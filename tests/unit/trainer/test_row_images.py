@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 
+import datasets
 import pytest
 from PIL import Image
 
@@ -113,3 +114,15 @@ def test_counts_sizes_and_placeholders_are_checked(tmp_path):
     bad_part = {"prompt": [{"role": "user", "content": [{"type": "video"}]}]}
     with pytest.raises(DataError, match=r"train row 0: column 'prompt' message 0 part 0"):
         read(data_dir(tmp_path / "part", [bad_part]))
+
+
+def test_a_datasets_directory_keeps_its_decoded_pictures_within_the_limits(tmp_path):
+    rows = {"prompt": [QUESTION, QUESTION], "image": [picture(), picture(400, 400)], "answer": ["1", "2"]}
+    directory = tmp_path / "saved"
+    datasets.Dataset.from_dict(rows).cast_column("image", datasets.Image()).save_to_disk(str(directory))
+    with pytest.raises(DataError, match=r"train row 1: column image: image of 400x400 = 160000 pixels"):
+        read_split(
+            DataConfig(train=str(directory), images=ImageLimits(max_image_pixels=100 * 100)), split="train"
+        )
+    [first, _] = read_split(DataConfig(train=str(directory)), split="train")
+    assert list(first["image"].getdata()) == list(picture().getdata())
