@@ -102,14 +102,14 @@ def decode_image(data: bytes, media_type: str, limits: ImageLimits, field: str) 
     if detected != expected:
         found = f"{detected} data" if detected else "data of no accepted image format"
         raise InvalidArgument(f"declared {media_type} but found {found}", field=field)
-    _check_pixels(HEADER_SIZE_READERS[expected](data, field), limits, field)
+    check_pixels(HEADER_SIZE_READERS[expected](data, field), limits, field)
     image = _open(data, expected, field)
     frames = getattr(image, "n_frames", 1)
     if frames != 1:
         raise InvalidArgument(
             f"animated or multi-picture image ({frames} frames); send one frame", field=field
         )
-    _check_pixels(image.size, limits, field)
+    check_pixels(image.size, limits, field)
     try:
         image.load()
     except Exception as exc:  # Pillow's decoders report bad data as OSError, SyntaxError, ValueError, ...
@@ -194,7 +194,8 @@ def _webp_size(data: bytes, field: str) -> tuple[int, int]:
 HEADER_SIZE_READERS = {"PNG": _png_size, "JPEG": _jpeg_size, "WEBP": _webp_size}
 
 
-def _check_pixels(size: tuple[int, int], limits: ImageLimits, field: str) -> None:
+def check_pixels(size: tuple[int, int], limits: ImageLimits, field: str) -> None:
+    """InvalidArgument naming ``field`` when a (width, height) is empty or over ``max_image_pixels``."""
     width, height = size
     if width < 1 or height < 1:
         raise InvalidArgument(f"image of {width}x{height} pixels has no pixels", field=field)

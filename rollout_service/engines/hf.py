@@ -261,7 +261,8 @@ class HFEngine(Engine):
         while True:
             logits = out.logits[:, -1, :].float().cpu()
             z = sampling_logits(logits, params, seen, step, self._eos_ids)
-            z[:, self._input_only_ids] = float("-inf")
+            if self._input_only_ids:
+                z[:, self._input_only_ids] = float("-inf")
             generators = [rows[i].generator for i in active]
             tokens = sample_rows(z, params, generators)
             logprobs = tempered_logprobs(logits, params.temperature).gather(-1, tokens[:, None])[:, 0]

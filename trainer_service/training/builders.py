@@ -139,7 +139,7 @@ def build_model(config: RunConfig, device: Device) -> torch.nn.Module:
     vision_side = [] if t.model.lora.train_vision_tower else vision_modules(model)
     if t.model.lora.r == 0:
         for name, param in model.named_parameters():
-            if any(name.startswith(f"{module}.") for module in vision_side):
+            if _inside(name, vision_side):
                 param.requires_grad_(False)
         return model
     adapter = PeftLoraConfig(
@@ -152,12 +152,14 @@ def build_model(config: RunConfig, device: Device) -> torch.nn.Module:
         use_rslora=t.model.lora.use_rslora,
         bias="none",
         task_type=TaskType.CAUSAL_LM,
-        exclude_modules=[
-            name for name, _ in model.named_modules() if any(name.startswith(m) for m in vision_side)
-        ]
-        or None,
+        exclude_modules=[name for name, _ in model.named_modules() if _inside(name, vision_side)] or None,
     )
     return get_peft_model(model, adapter)
+
+
+def _inside(name: str, modules: list[str]) -> bool:
+    """Whether parameter or module ``name`` is one of ``modules`` or lies below one."""
+    return any(name == module or name.startswith(f"{module}.") for module in modules)
 
 
 def vision_modules(model: PreTrainedModel) -> list[str]:

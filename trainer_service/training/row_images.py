@@ -24,9 +24,8 @@ from typing import Any
 from PIL import Image
 
 from grpo_runtime.errors import InvalidArgument
-from grpo_runtime.images import MEDIA_TYPES, ImageLimits, decode_base64_image, decode_image
+from grpo_runtime.images import MEDIA_TYPES, ImageLimits, check_pixels, decode_base64_image, decode_image
 from grpo_runtime.paths import is_within, resolve_path
-from trainer_service.rollout.prompt_images import IMAGE_COLUMNS
 
 SUFFIX_MEDIA_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".webp": "image/webp"}
 DATA_URI_PREFIX = "data:"
@@ -37,16 +36,13 @@ class ImageColumnError(ValueError):
     """A row's image that cannot be used; the message names the column (``image``, ``images[2]``)."""
 
 
-def has_images(row: Mapping[str, Any]) -> bool:
-    return any(row.get(column) is not None for column in IMAGE_COLUMNS)
-
-
 def load_row_images(row: dict[str, Any], directory: Path, limits: ImageLimits) -> None:
     """Replace ``row``'s image column values by decoded RGB images (in place), after every check of the
     module docstring; ImageColumnError naming the column."""
     if row.get("image") is not None and row.get("images") is not None:
         raise ImageColumnError("set 'image' or 'images', not both")
-    if row.get("images") is not None:
+    listed = row.get("images") is not None
+    if listed:
         values = row["images"]
         if not isinstance(values, list):
             raise ImageColumnError(f"column 'images' must be a list, got {type(values).__name__}")
@@ -60,7 +56,7 @@ def load_row_images(row: dict[str, Any], directory: Path, limits: ImageLimits) -
         _check(lambda v=v, c=c: _load(v, directory, limits, c)) for v, c in zip(values, columns, strict=True)
     ]
     _check_placeholders(row.get("prompt"), len(images))
-    if "images" in row and row["images"] is not None:
+    if listed:
         row["images"] = images
     else:
         row["image"] = images[0]
@@ -75,13 +71,7 @@ def _check(load):
 
 def _load(value: Any, directory: Path, limits: ImageLimits, column: str) -> Image.Image:
     if isinstance(value, Image.Image):
-        pixels = value.width * value.height
-        if pixels > limits.max_image_pixels:
-            raise InvalidArgument(
-                f"image of {value.width}x{value.height} = {pixels} pixels, more than max_image_pixels "
-                f"{limits.max_image_pixels}",
-                field=column,
-            )
+        check_pixels(value.size, limits, column)
         return value.convert("RGB")
     if not isinstance(value, str) or not value:
         raise InvalidArgument(f"must be a path or a data: URI, got {type(value).__name__}", field=column)
