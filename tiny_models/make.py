@@ -57,26 +57,30 @@ SHAPES: dict[str, Shape] = {
 }
 
 
-def qwen2_config(tokenizer: PreTrainedTokenizerBase, shape: str = "small", **extra) -> Qwen2Config:
-    """Qwen2 config with head_dim 64 and the tokenizer's vocabulary and special ids."""
+def decoder_dims(tokenizer: PreTrainedTokenizerBase, shape: str = "small") -> dict:
+    """A decoder config's keys for ``shape`` (``SHAPES``) with head_dim 64 and the tokenizer's vocabulary and
+    special ids; the same keys in Qwen2's and Llama's configs."""
     dims = SHAPES[shape]
     heads = dims["hidden_size"] // 64
+    return {
+        "vocab_size": len(tokenizer),
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "head_dim": 64,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": True,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": None,
+        **dims,
+    }
+
+
+def qwen2_config(tokenizer: PreTrainedTokenizerBase, shape: str = "small", **extra) -> Qwen2Config:
+    """Qwen2 config with head_dim 64 and the tokenizer's vocabulary and special ids."""
     # transformers types a config's __init__ with its dataclass fields only; the rest (head_dim, torch_dtype)
     # it takes as extra keys at run time.
-    return Qwen2Config(  # type: ignore[call-arg]
-        vocab_size=len(tokenizer),
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        head_dim=64,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-        torch_dtype="float32",
-        **dims,
-        **extra,
-    )
+    return Qwen2Config(**decoder_dims(tokenizer, shape), torch_dtype="float32", **extra)  # type: ignore[call-arg]
 
 
 def _save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out: Path) -> Path:

@@ -25,6 +25,21 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# The same ChatML, where a message's content may also be a list of parts rendered in order: an image part
+# as the vision-language processors' placeholder ``<image>``, a text part as its text.
+PARTS_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<image>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
 _CORPUS = [
     "What is 12 + 7? The answer is 19.",
     "Compute 3 * 4 - 5. Step 1: 3 * 4 = 12. Step 2: 12 - 5 = 7. The answer is \\boxed{7}.",

@@ -64,7 +64,7 @@ from grpo_runtime.tokenizing import token_id
 from tiny_models import vision_task
 from tiny_models.demo import is_correct
 from tiny_models.make import _save, qwen2_config
-from tiny_models.tokenizer import build_tokenizer
+from tiny_models.tokenizer import PARTS_CHAT_TEMPLATE, build_tokenizer
 from tiny_models.warm_start import train_until
 
 IMAGE_TOKEN = "<image>"
@@ -73,25 +73,13 @@ PATCH_SIZE = 28
 IMAGE_TOKENS = (vision_task.IMAGE_SIZE // PATCH_SIZE) ** 2
 # The answer is one digit; two spare tokens leave room for <|im_end|> and a stray token.
 MAX_NEW_TOKENS = 3
-VISION_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' %}{{ '<image>' }}"
-    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}"
-    "{{ '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 
 def vision_tokenizer() -> PreTrainedTokenizerFast:
     """The shared tokenizer plus the special token ``<image>``, with the chat template of content parts."""
     tokenizer = build_tokenizer()
     tokenizer.add_tokens([IMAGE_TOKEN], special_tokens=True)
-    tokenizer.chat_template = VISION_TEMPLATE
+    tokenizer.chat_template = PARTS_CHAT_TEMPLATE
     return tokenizer
 
 
@@ -107,7 +95,7 @@ def vision_processor(tokenizer: PreTrainedTokenizerFast) -> LlavaProcessor:
         tokenizer=tokenizer,
         patch_size=PATCH_SIZE,
         vision_feature_select_strategy="default",
-        chat_template=VISION_TEMPLATE,
+        chat_template=PARTS_CHAT_TEMPLATE,
         image_token=IMAGE_TOKEN,
         num_additional_image_tokens=1,
     )
