@@ -7,7 +7,16 @@ every other policy is a causal LM with a tokenizer. The rollout and trainer serv
 
 from __future__ import annotations
 
-from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, PretrainedConfig, ProcessorMixin
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedTokenizerBase,
+    ProcessorMixin,
+)
 from transformers.models.auto.auto_factory import _BaseAutoModelClass
 from transformers.models.auto.modeling_auto import (
     MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
@@ -40,6 +49,14 @@ def generating_architectures() -> set[str]:
 def auto_model_class(config: PretrainedConfig) -> type[_BaseAutoModelClass]:
     """``AutoModelForImageTextToText`` for a vision-language config, else ``AutoModelForCausalLM``."""
     return AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+
+
+def load_processing(model_dir: str) -> tuple[PreTrainedTokenizerBase, ProcessorMixin | None]:
+    """The model's tokenizer and, for a vision-language model, its processor (whose tokenizer that is)."""
+    if not is_vision_language(AutoConfig.from_pretrained(model_dir)):
+        return AutoTokenizer.from_pretrained(model_dir), None
+    processor = AutoProcessor.from_pretrained(model_dir)
+    return processor.tokenizer, processor
 
 
 def image_placeholder(processor: ProcessorMixin) -> tuple[str, int]:

@@ -7,6 +7,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from PIL import Image
+
 from grpo_runtime.chat_codec import MessageContent
 
 
@@ -162,6 +164,21 @@ class CancelToken:
         return self._event.is_set()
 
 
+@dataclass(frozen=True)
+class PromptImages:
+    """A prompt's pictures, in the two forms the engines take them.
+
+    ``inputs``: the model processor's tensors for the prompt (``pixel_values`` and any other per-image
+    tensor), which the HF engine feeds its model. ``pictures`` (decoded, in prompt order) and
+    ``placeholder_ids`` (the rendered prompt's ids with each picture still one placeholder): what vLLM takes,
+    running the same processor itself, which expands the placeholders to the job's ``prompt_token_ids``.
+    """
+
+    inputs: dict[str, Any]
+    pictures: tuple[Image.Image, ...]
+    placeholder_ids: list[int]
+
+
 @dataclass
 class GenerationJob:
     """One validated Generate call queued for the engine: tokenized prompts × ``n``.
@@ -182,9 +199,8 @@ class GenerationJob:
     # The engine may pause this job at a segment boundary for a weight update and continue with the new
     # weights (``GenerateRequest.continue_across_updates``); jobs with and without it never share a batch.
     continue_across_updates: bool = False
-    # Per prompt, its images as the model takes them (the processor's ``pixel_values``, ...; see
-    # ``core.validation.EncodedPrompt``); an empty dict for a text prompt; empty list: every prompt is text.
-    image_inputs: list[dict[str, Any]] = field(default_factory=list)
+    # Per prompt, its pictures (None for a text prompt); an empty list: every prompt is text.
+    images: list[PromptImages | None] = field(default_factory=list)
 
     @property
     def num_rows(self) -> int:

@@ -32,6 +32,7 @@ from grpo_runtime.tokenizing import chat_token_ids
 from rollout_service.types import (
     GenerateRequest,
     GenerationJob,
+    PromptImages,
     PromptInput,
     RawCompletion,
     SamplingSpec,
@@ -100,11 +101,10 @@ def validate_sampling(s: SamplingSpec) -> SamplingSpec:
 @dataclass(frozen=True)
 class EncodedPrompt:
     """A prompt as an engine takes it: its token ids (each image's placeholder expanded to the model's image
-    tokens) and, for a prompt with images, the processor's image inputs: ``pixel_values`` of shape
-    (images, channels, height, width) and any other per-image tensor; empty for a text prompt."""
+    tokens) and, for a prompt with images, its pictures in the forms the engines take (``PromptImages``)."""
 
     ids: list[int]
-    image_inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    images: PromptImages | None = None
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ class RequestValidator:
             n=request.n,
             sampling=sampling,
             continue_across_updates=request.continue_across_updates,
-            image_inputs=[e.image_inputs for e in encoded],
+            images=[e.images for e in encoded],
         )
 
     def _check_length(self, prompt: PromptInput, field: str) -> None:
@@ -227,7 +227,7 @@ class RequestValidator:
     def tokenize(self, prompt: PromptInput, index: int, *, tools: list[dict] | None = None) -> list[int]:
         """Token ids of a prompt without images (an episode's turn): refuses one that has images."""
         encoded = self.encode(prompt, index, tools=tools)
-        if encoded.image_inputs:
+        if encoded.images is not None:
             raise InvalidArgument("tool episodes take text prompts only", field=f"prompts[{index}].messages")
         return encoded.ids
 
@@ -266,7 +266,7 @@ class RequestValidator:
                     )
         if not encoded.ids:
             raise InvalidArgument("the prompt has no tokens", field=field)
-        if not encoded.image_inputs:
+        if encoded.images is None:
             self._check_no_image_tokens(encoded.ids, field)
         return encoded
 
@@ -312,7 +312,9 @@ class RequestValidator:
             )
         out = self.processor(text=[text], images=[images], return_tensors="pt", add_special_tokens=False)
         inputs = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask")}
-        return EncodedPrompt(out["input_ids"][0].tolist(), inputs)
+        placeholder_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        images_in = PromptImages(inputs, tuple(images), placeholder_ids)
+        return EncodedPrompt(out["input_ids"][0].tolist(), images_in)
 
     def _check_no_image_tokens(self, ids: list[int], field: str) -> None:
         """A prompt without images must not carry the model's image token (typed as text or as an id): the

@@ -16,9 +16,9 @@ logprob is neither policy's: the prefix's keys and values are the old weights');
 update that actually arrives mid-batch is a small price for a ratio that means what it says.
 
 Vision-language models (a checkpoint with a ``vision_config``) load with ``AutoModelForImageTextToText``
-and their ``AutoProcessor``; a job's prompts then carry the processor's image inputs
-(``GenerationJob.image_inputs``), which the prefill receives concatenated in row order, the order of the
-batch's image tokens. The image token is never sampled, and rows with images keep no episode cache (their
+and their ``AutoProcessor``; a job's prompts then carry the processor's image inputs (``PromptImages.inputs``
+of ``GenerationJob.images``), which the prefill receives concatenated in row order, the order of the batch's
+image tokens. The image token is never sampled, and rows with images keep no episode cache (their
 prefill needs the pixels).
 
 Weights: a LoRA adapter is merged into the live weights, W = W0 + s·B·A, keeping a copy of W0
@@ -45,9 +45,10 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, AutoProcessor, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, PreTrainedModel
 
-from grpo_runtime.model_classes import auto_model_class, image_placeholder, is_vision_language
+from grpo_runtime.image_tensors import concat_image_rows
+from grpo_runtime.model_classes import auto_model_class, image_placeholder, load_processing
 from grpo_runtime.tokenizing import decode_text
 from rollout_service.engines.base import Engine, UpdatePause, derive_seed
 from rollout_service.engines.hf_cache import decode_cache, seeded_layers
@@ -106,11 +107,7 @@ class HFEngine(Engine):
         self.max_batch_size = max_batch_size
         config = AutoConfig.from_pretrained(self.model_dir)
         self._model_class = auto_model_class(config)
-        if is_vision_language(config):
-            self.processor = AutoProcessor.from_pretrained(self.model_dir)
-            self.tokenizer = self.processor.tokenizer
-        else:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.tokenizer, self.processor = load_processing(self.model_dir)
         self._model: PreTrainedModel | None = self._load()
         self._text_config = self.model.config.get_text_config()
         self.max_model_len = int(max_model_len or self._text_config.max_position_embeddings)
@@ -180,8 +177,8 @@ class HFEngine(Engine):
                     if job.cancel.cancelled:
                         break
                     generator = self._generator(job.sampling, i, j)
-                    images = job.image_inputs[i] if job.image_inputs else {}
-                    yield _Row(job, i * job.n + j, prompt, generator, images=images)
+                    images = job.images[i] if job.images else None
+                    yield _Row(job, i * job.n + j, prompt, generator, images=images.inputs if images else {})
 
     def _generator(self, sampling: SamplingSpec, prompt_index: int, sample_index: int) -> torch.Generator:
         if sampling.seed is None:
@@ -298,15 +295,15 @@ class HFEngine(Engine):
             )
 
     def _image_inputs(self, rows: list[_Row]) -> dict[str, torch.Tensor]:
-        """The batch's image inputs: each key's per-image tensors of the rows with images, concatenated in row
-        order (the order of their image tokens in the batch, where the model scatters the image features),
-        floating ones in the model's dtype."""
+        """The batch's image inputs: each key's tensors of the rows with images, concatenated in row order
+        (the order of their image tokens in the batch, where the model scatters the image features;
+        ``concat_image_rows``), floating ones in the model's dtype."""
         with_images = [r.images for r in rows if r.images]
         if not with_images:
             return {}
         out = {}
         for key in with_images[0]:
-            tensor = torch.cat([images[key] for images in with_images])
+            tensor = concat_image_rows([images[key] for images in with_images])
             out[key] = tensor.to(self.device, self._dtype if tensor.is_floating_point() else tensor.dtype)
         return out
 

