@@ -17,7 +17,6 @@ from peft import LoraConfig as PeftLoraConfig
 from peft import TaskType, get_peft_model, prepare_model_for_kbit_training
 from transformers import (
     AutoConfig,
-    AutoProcessor,
     AutoTokenizer,
     BitsAndBytesConfig,
     PreTrainedModel,
@@ -27,7 +26,7 @@ from transformers import (
 from transformers.trainer_utils import FSDPOption
 from trl import GRPOConfig
 
-from grpo_runtime.model_classes import auto_model_class, is_vision_language
+from grpo_runtime.model_classes import auto_model_class, is_vision_language, load_processing
 from trainer_service.config.run_config import ConfigError, RunConfig
 from trainer_service.config.variants import grpo_config_overrides
 from trainer_service.rollout.agent_episodes import uses_agent_reward
@@ -67,10 +66,9 @@ def resolve_device(config: RunConfig) -> Device:
 def load_processor(config: RunConfig) -> ProcessorMixin | None:
     """A vision-language base's processor (its image processor and tokenizer, the tokenizer checked as
     :func:`load_tokenizer` checks it); None for a text-only base."""
-    if not is_vision_language(AutoConfig.from_pretrained(config.base)):
-        return None
-    processor = AutoProcessor.from_pretrained(config.base)
-    processor.tokenizer = _checked_tokenizer(processor.tokenizer)
+    _, processor = load_processing(config.base)
+    if processor is not None:
+        processor.tokenizer = _checked_tokenizer(processor.tokenizer)
     return processor
 
 

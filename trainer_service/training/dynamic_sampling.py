@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from trl.trainer.utils import nanstd
 
+from grpo_runtime.image_tensors import concat_image_rows
 from trainer_service.training.trainer_host import GRPOTrainerHost
 
 # Batch keys whose rows are left-padded (TRL pads prompts on the left, completions on the right).
@@ -50,8 +51,12 @@ _LEFT_PADDED = frozenset({"prompt_ids", "prompt_mask"})
 # Padding of the right-padded keys beyond a row's completion (never read: completion_mask is 0 there).
 _PAD_VALUES = {"tool_mask": 1}
 _ID_KEYS = frozenset({"prompt_ids", "completion_ids"})
-# Multimodal batch keys with one row per image (a LLaVA-style processor's), merged by ``num_images``.
+# Multimodal batch keys: one row per image (a LLaVA-style processor's), merged by ``num_images``, or one row
+# per completion with its pictures along dim 1 (Idefics3's 5-d ``pixel_values`` and its mask; see
+# ``grpo_runtime.image_tensors``), merged by completion.
 _PER_IMAGE_KEYS = frozenset({"pixel_values", "image_sizes"})
+_PER_COMPLETION_IMAGE_KEYS = frozenset({"pixel_attention_mask"})
+_IMAGE_KEYS = _PER_IMAGE_KEYS | _PER_COMPLETION_IMAGE_KEYS
 
 
 @dataclass(frozen=True)
@@ -159,23 +164,32 @@ def merge_groups(
 def _merge_images(
     batches: Sequence[dict[str, Any]], picks: Sequence[tuple[int, int]], group_size: int
 ) -> dict[str, Any]:
-    """The picked groups' images: ``num_images`` (one count per completion) and the per-image tensors
-    (``pixel_values`` of shape (images, channels, height, width), ``image_sizes``), whose rows belong to the
-    completions in order. An architecture whose pixel rows are patches or tiles (``image_grid_thw``,
-    ``num_tiles``) is not merged: its keys stay unknown and refused."""
-    merged: dict[str, Any] = {"num_images": []}
-    for key in _PER_IMAGE_KEYS & set(batches[0]):
-        merged[key] = []
+    """The picked groups' images: ``num_images`` (one count per completion) and the image tensors, laid out
+    one row per image (``pixel_values`` of shape (images, channels, height, width), ``image_sizes``), whose
+    rows belong to the completions in order, or one row per completion (``pixel_attention_mask``, a 5-d
+    ``pixel_values``), zero-filled along dim 1 to the most pictures (``concat_image_rows``). An architecture
+    whose pixel rows are patches or tiles (``image_grid_thw``, ``num_tiles``) is not merged: its keys stay
+    unknown and refused."""
+    keys = _IMAGE_KEYS & set(batches[0])
+    merged: dict[str, Any] = {"num_images": [], **{key: [] for key in keys}}
     for r, g in picks:
         counts = batches[r]["num_images"]
-        start = sum(counts[: g * group_size])
-        end = start + sum(counts[g * group_size : (g + 1) * group_size])
-        merged["num_images"] += counts[g * group_size : (g + 1) * group_size]
-        for key in _PER_IMAGE_KEYS & set(batches[r]):
-            if batches[r][key].size(0) != sum(counts):
+        completions = slice(g * group_size, (g + 1) * group_size)
+        images = slice(sum(counts[: completions.start]), sum(counts[: completions.stop]))
+        merged["num_images"] += counts[completions]
+        for key in keys:
+            tensor = batches[r][key]
+            if _per_completion(key, tensor):
+                merged[key].append(tensor[completions])
+            elif tensor.size(0) != sum(counts):
                 raise ValueError(f"dynamic sampling cannot merge batch key {key!r} (not one row per image)")
-            merged[key].append(batches[r][key][start:end])
-    return {key: value if key == "num_images" else torch.cat(value) for key, value in merged.items()}
+            else:
+                merged[key].append(tensor[images])
+    return {key: value if key == "num_images" else concat_image_rows(value) for key, value in merged.items()}
+
+
+def _per_completion(key: str, tensor: torch.Tensor) -> bool:
+    return key in _PER_COMPLETION_IMAGE_KEYS or (key == "pixel_values" and tensor.ndim == 5)
 
 
 def draw_prompts(dataset_size: int, count: int, seed: int) -> list[int]:

@@ -100,6 +100,24 @@ def test_merge_groups_takes_each_picked_completions_pictures():
         merge_groups(rounds, [(0, 1), (1, 0)], G, pad_token_id=0)
 
 
+def test_merge_groups_takes_idefics3_style_rows_of_pictures():
+    """Idefics3's processor gives one row per completion with its pictures along dim 1: a round whose
+    completions hold two pictures meets one whose hold one, whose missing slot is zero-filled."""
+    rounds = [_round(3, 4, [0.0] * 2 * G), _round(3, 4, [1.0] * G)]
+    for r, batch in enumerate(rounds):
+        completions, pictures = batch["advantages"].size(0), 2 - r
+        batch["num_images"] = [pictures] * completions
+        rows = torch.arange(completions).float().view(-1, 1, 1, 1, 1) + 100 * r + 1
+        batch["pixel_values"] = rows.expand(-1, pictures, 3, 2, 2)
+        batch["pixel_attention_mask"] = torch.ones(completions, pictures, 2, 2, dtype=torch.bool)
+    merged = merge_groups(rounds, [(0, 1), (1, 0)], G, pad_token_id=0)
+    assert merged["num_images"] == [2] * G + [1] * G
+    assert merged["pixel_values"].shape == (2 * G, 2, 3, 2, 2)
+    assert merged["pixel_values"][:, 0, 0, 0, 0].tolist() == [5.0, 6.0, 7.0, 8.0, 101.0, 102.0, 103.0, 104.0]
+    assert merged["pixel_values"][G:, 1].abs().sum() == 0  # the one-picture completions' empty slot
+    assert merged["pixel_attention_mask"].sum(dim=(2, 3)).tolist() == [[4, 4]] * G + [[4, 0]] * G
+
+
 def test_replacement_draws_are_seeded_and_cover_the_split():
     assert draw_prompts(6, 6, seed=3) == draw_prompts(6, 6, seed=3)
     assert sorted(draw_prompts(6, 6, seed=3)) == list(range(6))
