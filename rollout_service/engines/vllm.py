@@ -154,6 +154,9 @@ class VllmEngine(Engine):
         }
         if s.max_model_len:
             kwargs["max_model_len"] = s.max_model_len
+        if self.processor is not None:
+            # vLLM sizes its encoder budget by the pictures a prompt may hold: the service's own limit.
+            kwargs["limit_mm_per_prompt"] = {"image": s.images.max_images}
         if self._cuda:
             kwargs["gpu_memory_utilization"] = s.vllm.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = s.vllm.enable_sleep_mode

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -24,6 +25,7 @@ from rollout_service.client import RolloutClient
 from rollout_service.engines.registry import resolve_engine_name, vllm_unusable_reason
 from rollout_service.settings import RolloutSettings
 from tests.integration.rollout.fixtures import generate_while_pushing, rollout_server_thread
+from tests.support.statuses import failure
 from tiny_models import vision_task
 from tiny_models.idefics3 import IMAGE_TOKENS, write_idefics3
 
@@ -34,6 +36,7 @@ PICTURES = vision_task.pictures("test", 3)
 TOLERANCE = 1e-4
 SAMPLING = {"max_tokens": 12, "temperature": 1.0, "seed": 5}
 SEGMENT_TOKENS = 8
+MAX_IMAGES = 3  # the service's images.max_images, which also sizes vLLM's per-prompt picture budget
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +53,7 @@ def server(model_dir):
         max_batch_size=64,
         partial_segment_tokens=SEGMENT_TOKENS,
         vllm={"max_lora_rank": 8},
+        images={"max_images": MAX_IMAGES},
     )
     with rollout_server_thread(settings) as running:
         yield running
@@ -158,6 +162,18 @@ def test_two_pictures_in_one_prompt(client, reference, processor):
         expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(result.token_ids)[:, None])[:, 0]
         torch.testing.assert_close(torch.tensor(result.logprobs), expected, atol=TOLERANCE, rtol=0)
     assert_logprobs_match(reference, processor, results[2:], [PICTURES[2]])
+
+
+def test_the_service_limit_on_pictures_is_vllms_too(client, processor):
+    pictures = vision_task.pictures("test", MAX_IMAGES + 1)
+    images = [{"type": "image", "data": encode_png(p.image()), "media_type": "image/png"} for p in pictures]
+    most = [{"role": "user", "content": [*images[:MAX_IMAGES], {"type": "text", "text": "Which has more?"}]}]
+    [result] = client.generate([most], n=1, sampling=SAMPLING)
+    assert result.prompt_token_ids.count(processor.image_token_id) == MAX_IMAGES * IMAGE_TOKENS
+    too_many = [{"role": "user", "content": images}]
+    code, details = failure(lambda: client.generate([too_many], n=1, sampling=SAMPLING))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "max_images" in details
+    assert details.startswith("prompts[0].messages:")
 
 
 def test_a_state_dict_push_reaches_the_vision_tower_and_connector(client, reference, processor):
