@@ -18,7 +18,7 @@ import grpc
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor, BatchFeature
 
 from grpo_runtime.images import encode_png
 from rollout_service.client import RolloutClient
@@ -76,43 +76,46 @@ def processor(model_dir):
     return AutoProcessor.from_pretrained(model_dir)
 
 
-def question(picture: vision_task.Picture) -> list[dict]:
-    image = {"type": "image", "data": encode_png(picture.image()), "media_type": "image/png"}
-    return [{"role": "user", "content": [image, {"type": "text", "text": vision_task.QUESTION}]}]
+def question(*pictures: vision_task.Picture, text: str = vision_task.QUESTION) -> list[dict]:
+    """A user message of ``pictures`` (as PNG image parts) then ``text``."""
+    images = [{"type": "image", "data": encode_png(p.image()), "media_type": "image/png"} for p in pictures]
+    return [{"role": "user", "content": [*images, {"type": "text", "text": text}]}]
 
 
-def pixel_inputs(processor, picture: vision_task.Picture | None) -> dict[str, torch.Tensor]:
-    """The processor's inputs for the task's prompt with ``picture``, and its ids (``input_ids``)."""
-    parts = [{"type": "image"}, {"type": "text", "text": vision_task.QUESTION}]
+def pixel_inputs(processor, pictures, text: str = vision_task.QUESTION) -> BatchFeature:
+    """The processor's inputs (``input_ids``, ``pixel_values``, ...) of ``question(*pictures, text=text)``."""
+    parts = [{"type": "image"}] * len(pictures) + [{"type": "text", "text": text}]
     messages = [{"role": "user", "content": parts}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return processor(text=[text], images=[[picture.image()]], return_tensors="pt", add_special_tokens=False)
+    rendered = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    images = [[p.image() for p in pictures]]
+    return processor(text=[rendered], images=images, return_tensors="pt", add_special_tokens=False)
 
 
-def scored_logits(model, processor, ids: list[int], picture) -> torch.Tensor:
-    """``model``'s logits (len(ids), vocab) over ``ids`` in one forward pass with ``picture``'s pixels (none
+def scored_logits(model, processor, ids: list[int], pictures) -> torch.Tensor:
+    """``model``'s logits (len(ids), vocab) over ``ids`` in one forward pass with ``pictures``' pixels (none
     for a text prompt)."""
     inputs = {}
-    if picture is not None:
-        inputs = {k: v for k, v in pixel_inputs(processor, picture).items() if k.startswith("pixel")}
+    if pictures:
+        inputs = {k: v for k, v in pixel_inputs(processor, pictures).items() if k.startswith("pixel")}
     with torch.no_grad():
         return model(input_ids=torch.tensor([ids]), **inputs).logits[0].float()
 
 
-def scored_logprobs(model, processor, prompt_ids, token_ids, picture, blocked=()) -> torch.Tensor:
-    """log_softmax(logits)[token] of each completion token (T = 1) under ``model``, with ``picture``'s pixels;
+def scored_logprobs(model, processor, prompt_ids, token_ids, pictures, blocked=()) -> torch.Tensor:
+    """log_softmax(logits)[token] of each completion token (T = 1) under ``model``, with ``pictures``' pixels;
     the image token and ``blocked`` ids get −inf first (the engine samples neither)."""
-    logits = scored_logits(model, processor, prompt_ids + token_ids, picture)[len(prompt_ids) - 1 : -1]
+    logits = scored_logits(model, processor, prompt_ids + token_ids, pictures)[len(prompt_ids) - 1 : -1]
     logits[:, [processor.image_token_id, *blocked]] = float("-inf")
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(token_ids)[:, None])[:, 0]
 
 
 def assert_logprobs_match(model, processor, results, pictures) -> None:
-    """Each result (n per prompt, prompt-major) against a fresh forward with its prompt's picture."""
+    """Each result (n per prompt, prompt-major) against a fresh forward with its prompt's pictures (one
+    sequence of pictures per prompt, empty for a text prompt)."""
     per_prompt = len(results) // len(pictures)
     for k, result in enumerate(results):
-        picture = pictures[k // per_prompt]
-        expected = scored_logprobs(model, processor, result.prompt_token_ids, result.token_ids, picture)
+        shown = pictures[k // per_prompt]
+        expected = scored_logprobs(model, processor, result.prompt_token_ids, result.token_ids, shown)
         torch.testing.assert_close(torch.tensor(result.logprobs), expected, atol=TOLERANCE, rtol=0)
 
 
@@ -127,10 +130,10 @@ def test_pictures_and_text_match_a_fresh_forward_with_the_same_pixels(client, re
     prompts = [question(PICTURES[0]), question(PICTURES[1]), "What is 12 + 7?"]
     results = client.generate(prompts, n=2, sampling=SAMPLING)
     for result, picture in zip(results[:4:2], PICTURES[:2], strict=True):
-        assert result.prompt_token_ids == pixel_inputs(processor, picture)["input_ids"][0].tolist()
+        assert result.prompt_token_ids == pixel_inputs(processor, [picture])["input_ids"][0].tolist()
         assert result.prompt_token_ids.count(processor.image_token_id) == IMAGE_TOKENS
     assert processor.image_token_id not in results[4].prompt_token_ids
-    assert_logprobs_match(reference, processor, results, [PICTURES[0], PICTURES[1], None])
+    assert_logprobs_match(reference, processor, results, [PICTURES[:1], PICTURES[1:2], ()])
     again = client.generate(prompts, n=2, sampling=SAMPLING)
     assert [r.token_ids for r in again] == [r.token_ids for r in results]
     # The same seed with another picture samples from another distribution.
@@ -139,38 +142,19 @@ def test_pictures_and_text_match_a_fresh_forward_with_the_same_pixels(client, re
 
 
 def test_two_pictures_in_one_prompt(client, reference, processor):
-    images = [
-        {"type": "image", "data": encode_png(p.image()), "media_type": "image/png"} for p in PICTURES[:2]
-    ]
-    prompt = [{"role": "user", "content": [*images, {"type": "text", "text": "Which has more?"}]}]
-    results = client.generate([prompt, question(PICTURES[2])], n=2, sampling=SAMPLING)
+    two = question(*PICTURES[:2], text="Which has more?")
+    results = client.generate([two, question(PICTURES[2])], n=2, sampling=SAMPLING)
     assert results[0].prompt_token_ids.count(processor.image_token_id) == 2 * IMAGE_TOKENS
-    parts = [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "Which has more?"}]
-    text = processor.apply_chat_template([{"role": "user", "content": parts}], add_generation_prompt=True)
-    pictures = [[p.image() for p in PICTURES[:2]]]
-    inputs = processor(text=[text], images=pictures, return_tensors="pt", add_special_tokens=False)
-    assert results[0].prompt_token_ids == inputs["input_ids"][0].tolist()
-    for result in results[:2]:
-        ids = torch.tensor([result.prompt_token_ids + result.token_ids])
-        with torch.no_grad():
-            logits = reference(
-                input_ids=ids,
-                pixel_values=inputs["pixel_values"],
-                pixel_attention_mask=inputs["pixel_attention_mask"],
-            ).logits[0, len(result.prompt_token_ids) - 1 : -1]
-        logits[:, processor.image_token_id] = float("-inf")
-        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(result.token_ids)[:, None])[:, 0]
-        torch.testing.assert_close(torch.tensor(result.logprobs), expected, atol=TOLERANCE, rtol=0)
-    assert_logprobs_match(reference, processor, results[2:], [PICTURES[2]])
+    expected = pixel_inputs(processor, PICTURES[:2], "Which has more?")["input_ids"][0].tolist()
+    assert results[0].prompt_token_ids == expected
+    assert_logprobs_match(reference, processor, results, [PICTURES[:2], PICTURES[2:3]])
 
 
 def test_the_service_limit_on_pictures_is_vllms_too(client, processor):
     pictures = vision_task.pictures("test", MAX_IMAGES + 1)
-    images = [{"type": "image", "data": encode_png(p.image()), "media_type": "image/png"} for p in pictures]
-    most = [{"role": "user", "content": [*images[:MAX_IMAGES], {"type": "text", "text": "Which has more?"}]}]
-    [result] = client.generate([most], n=1, sampling=SAMPLING)
+    [result] = client.generate([question(*pictures[:MAX_IMAGES])], n=1, sampling=SAMPLING)
     assert result.prompt_token_ids.count(processor.image_token_id) == MAX_IMAGES * IMAGE_TOKENS
-    too_many = [{"role": "user", "content": images}]
+    too_many = question(*pictures)
     code, details = failure(lambda: client.generate([too_many], n=1, sampling=SAMPLING))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "max_images" in details
     assert details.startswith("prompts[0].messages:")
@@ -183,12 +167,12 @@ def test_a_state_dict_push_reaches_the_vision_tower_and_connector(client, refere
         if name.startswith(("model.vision_model.encoder", "model.connector"))
     }
     assert client.push_state_dict(changed, version=1).policy_version == 1
-    before = scored_logprobs(reference, processor, *_one_sample(client, processor), PICTURES[0])
+    before = scored_logprobs(reference, processor, *_one_sample(client, processor), PICTURES[:1])
     reference.load_state_dict(changed, strict=False)
     results = client.generate([question(PICTURES[0])], n=2, sampling=SAMPLING)
     assert {r.policy_version for r in results} == {1}
-    assert_logprobs_match(reference, processor, results, [PICTURES[0]])
-    after = scored_logprobs(reference, processor, *_one_sample(client, processor), PICTURES[0])
+    assert_logprobs_match(reference, processor, results, [PICTURES[:1]])
+    after = scored_logprobs(reference, processor, *_one_sample(client, processor), PICTURES[:1])
     assert (before - after).abs().max() > 1e-3  # the pixels' features really changed
 
 
@@ -214,7 +198,7 @@ def test_a_lora_push_on_the_language_model_serves_the_merged_model(client, refer
     merged = peft_model.merge_and_unload()
     results = client.generate([question(PICTURES[1]), "What is 12 + 7?"], n=2, sampling=SAMPLING)
     assert {r.policy_version for r in results} == {2}
-    assert_logprobs_match(merged, processor, results, [PICTURES[1], None])
+    assert_logprobs_match(merged, processor, results, [PICTURES[1:2], ()])
 
 
 def test_an_update_mid_generation_switches_weights_for_a_prompt_with_a_picture(server, client, processor):
@@ -242,7 +226,7 @@ def test_an_update_mid_generation_switches_weights_for_a_prompt_with_a_picture(s
         versions = completion.token_versions
         assert set(versions) == {version + 1, version + 2} and versions == sorted(versions)
         switch = versions.index(version + 2)
-        args = (processor, completion.prompt_token_ids, completion.token_ids, PICTURES[2], eos)
+        args = (processor, completion.prompt_token_ids, completion.token_ids, PICTURES[2:3], eos)
         reported = torch.tensor(completion.logprobs)
         under_old, under_new = scored_logprobs(old, *args), scored_logprobs(new, *args)
         torch.testing.assert_close(reported[:switch], under_old[:switch], atol=TOLERANCE, rtol=0)
@@ -260,7 +244,7 @@ def test_the_image_token_is_never_sampled(client, reference, processor):
     embeddings = reference.state_dict()[name].clone()
     embeddings[processor.image_token_id] = 4 * embeddings[before.token_ids[0]]
     reference.load_state_dict({name: embeddings}, strict=False)
-    first = scored_logits(reference, processor, before.prompt_token_ids, PICTURES[0])[-1]
+    first = scored_logits(reference, processor, before.prompt_token_ids, PICTURES[:1])[-1]
     assert first.argmax() == processor.image_token_id
     client.push_state_dict({name: embeddings}, version=version + 2)
     [after] = client.generate([question(PICTURES[0])], n=1, sampling=greedy)
