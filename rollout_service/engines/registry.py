@@ -73,7 +73,9 @@ def _vllm_module_reason(config: PretrainedConfig) -> str | None:
     for arch in getattr(config, "architectures", None) or []:
         if arch not in ModelRegistry.models:
             continue
-        module = getattr(ModelRegistry.models[arch], "module_name", "")
+        module = getattr(ModelRegistry.models[arch], "module_name", None)
+        if module is None:
+            return None  # registered as a class (out of tree): already imported
         try:
             importlib.import_module(module)
         except ImportError as exc:

@@ -26,7 +26,7 @@ from transformers import (
 from transformers.trainer_utils import FSDPOption
 from trl import GRPOConfig
 
-from grpo_runtime.model_classes import auto_model_class, is_vision_language, load_processing
+from grpo_runtime.model_classes import auto_model_class, is_vision_language, vision_processor
 from trainer_service.config.run_config import ConfigError, RunConfig
 from trainer_service.config.variants import grpo_config_overrides
 from trainer_service.rollout.agent_episodes import uses_agent_reward
@@ -66,7 +66,7 @@ def resolve_device(config: RunConfig) -> Device:
 def load_processor(config: RunConfig) -> ProcessorMixin | None:
     """A vision-language base's processor (its image processor and tokenizer, the tokenizer checked as
     :func:`load_tokenizer` checks it); None for a text-only base."""
-    _, processor = load_processing(config.base)
+    processor = vision_processor(config.base)
     if processor is not None:
         processor.tokenizer = _checked_tokenizer(processor.tokenizer)
     return processor
