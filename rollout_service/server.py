@@ -99,6 +99,7 @@ async def build_core(settings: RolloutSettings) -> RolloutCore:
         weights_root=settings.weights_root,
         max_weight_bytes=settings.max_weight_bytes,
         batch_window_s=settings.batch_window_ms / 1000,
+        batch_gather_s=settings.batch_gather_ms / 1000,
         max_batch_rows=settings.max_batch_size,
         partial_segment_tokens=settings.partial_segment_tokens,
         image_limits=settings.images,

@@ -2,7 +2,9 @@
 
 One episode per (prompt, sample). Every turn is an ordinary one-row generation job submitted to the
 core's batch scheduler, so the turns of all the episodes in flight (of this and of other requests) are
-batched together by the engine. The whole loop of an episode runs inside one Generate call, hence on one
+batched together by the engine. Each episode is a registered caller of the scheduler
+(``scheduler.Caller``): while it waits on its environment (opening, a Step), the batch it will join waits
+for it. The whole loop of an episode runs inside one Generate call, hence on one
 replica: the KV cache of its earlier turns (HF) or the prefix cache (vLLM) is there for the next turn.
 
 Token-in/token-out: the completion is the concatenation of the model's sampled ids, exactly as sampled,
@@ -17,7 +19,8 @@ mid-turn), when the token budget (``sampling.max_tokens`` over the whole complet
 take the tool results (LENGTH), at ``max_turns`` / ``max_tool_calls`` or after the environment said
 ``done`` while the model still calls tools (TURN_LIMIT), or when the environment fails — unreachable,
 an RPC error, a Step past ``step_timeout_s`` — which ends that episode alone with ERROR and the reason.
-Episodes are always closed, also when the request is cancelled.
+Episodes are always closed, also when the request is cancelled: in the background, so the results go back
+without waiting for the environment's CloseEpisode (closing the runner waits for them).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from transformers import PreTrainedTokenizerBase
 from grpo_runtime.env_types import Episode, EpisodeReward, StepOutcome, ToolCall, ToolResult
 from grpo_runtime.errors import InvalidArgument
 from grpo_runtime.tokenizing import decode_text
+from rollout_service.core.scheduler import Caller
 from rollout_service.core.tool_calls import ParsedCall, ToolSuffixer, malformed_result, parse_tool_calls
 from rollout_service.core.validation import RequestValidator
 from rollout_service.engines.base import derive_seed
@@ -77,8 +81,9 @@ class EnvironmentBackend(Protocol):
         """Release the backend (its channel) at shutdown."""
 
 
-# Runs one job of one row through the engine: fills ``job.results`` and ``job.policy_version``.
-TurnGenerator = Callable[[GenerationJob], Awaitable[None]]
+# Runs one job of one row of an episode (its scheduler caller) through the engine: fills ``job.results`` and
+# ``job.policy_version``.
+TurnGenerator = Callable[[GenerationJob, Caller], Awaitable[None]]
 
 
 class EnvironmentFailure(Exception):
@@ -118,7 +123,8 @@ class EpisodeRunner:
     """Runs the episodes of Generate calls whose prompts ask for them.
 
     ``environments``: target name → backend (the configured services; see ``EpisodeSettings.targets``);
-    ``served_version``: the policy version being served now (that of an episode that ended before a turn).
+    ``served_version``: the policy version being served now (that of an episode that ended before a turn);
+    ``register``: an episode's caller handle with the scheduler that batches its turns.
     """
 
     def __init__(
@@ -130,8 +136,11 @@ class EpisodeRunner:
         settings: EpisodeSettings,
         release_session: Callable[[str], None] = lambda session: None,
         served_version: Callable[[], int] = lambda: 0,
+        *,
+        register: Callable[[], Caller],
     ) -> None:
         self._generate_turn = generate_turn
+        self._register = register
         self._served_version = served_version
         self._release_session = release_session
         self._tokenizer = tokenizer
@@ -139,8 +148,11 @@ class EpisodeRunner:
         self._environments = environments
         self._settings = settings
         self._suffixer = ToolSuffixer(tokenizer)
+        self._closing: set[asyncio.Task[None]] = set()  # CloseEpisode calls in flight
 
     async def close(self) -> None:
+        if self._closing:
+            await asyncio.wait(self._closing)
         for env in self._environments.values():
             await env.close()
 
@@ -210,6 +222,7 @@ class EpisodeRunner:
         env = self._environments[spec.target or DEFAULT_TARGET]
         state = EpisodeState(prompt_ids=[], session=uuid.uuid4().hex)
         episode: Episode | None = None
+        caller = self._register()
         try:
             episode = await self._call(
                 env.open_episode(spec.environment, params=spec.params, metadata=spec.metadata),
@@ -222,7 +235,10 @@ class EpisodeRunner:
                     f"the prompt with the environment's tools is {len(state.prompt_ids)} tokens, no room in "
                     f"the model's context of {self._validator.max_model_len}"
                 )
-            await self._turns(state, spec, episode, env, sampling, index * 1_000_003 + sample, partial)
+            await self._turns(
+                state, spec, episode, env, caller, sampling, index * 1_000_003 + sample, partial
+            )
+            caller.close()  # no more turns: batches stop waiting for it
             state.env_reward = await self._reward(env, episode)
         except EnvironmentFailure as failure:
             state.finish, state.error = FinishReason.ERROR, str(failure)
@@ -231,9 +247,12 @@ class EpisodeRunner:
                 # them, so that the completion still has the prompt a trainer batches it with.
                 state.prompt_ids = await asyncio.to_thread(self._validator.tokenize, prompt, index)
         finally:
+            caller.close()
             self._release_session(state.session)
             if episode is not None:
-                await self._close(env, episode)
+                closing = asyncio.get_running_loop().create_task(self._close(env, episode))
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
         return self._result(prompt, state)
 
     async def _turns(
@@ -242,6 +261,7 @@ class EpisodeRunner:
         spec: EpisodeSpec,
         episode: Episode,
         env: EnvironmentBackend,
+        caller: Caller,
         sampling: SamplingSpec,
         stream: int,
         partial: bool = False,
@@ -260,7 +280,7 @@ class EpisodeRunner:
                 session=state.session,
                 continue_across_updates=partial,
             )
-            await self._generate_turn(job)
+            await self._generate_turn(job, caller)
             raw = job.results[0]
             start = len(state.tokens)
             versions = raw.token_versions or [job.policy_version] * len(raw.token_ids)

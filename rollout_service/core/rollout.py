@@ -23,7 +23,7 @@ from grpo_runtime.images import ImageLimits
 from grpo_runtime.tokenizing import decode_text
 from rollout_service import memory
 from rollout_service.core.episodes import EnvironmentBackend, EpisodeRunner
-from rollout_service.core.scheduler import BatchScheduler
+from rollout_service.core.scheduler import BatchScheduler, Caller
 from rollout_service.core.sleep import SleepState
 from rollout_service.core.validation import RequestValidator, check_completions
 from rollout_service.core.versioning import ReadWriteLock, UpdatePause, VersionState
@@ -79,6 +79,7 @@ class RolloutCore:
         weights_root: str | Path = ".",
         max_weight_bytes: int | None = None,
         batch_window_s: float = 0.005,
+        batch_gather_s: float = 0.05,
         max_batch_rows: int = 256,
         environments: Mapping[str, EnvironmentBackend] | None = None,
         episode_settings: EpisodeSettings | None = None,
@@ -115,7 +116,9 @@ class RolloutCore:
         if partial_segment_tokens < 1:
             raise ValueError(f"partial_segment_tokens must be >= 1, got {partial_segment_tokens}")
         self.partial_segment_tokens = partial_segment_tokens
-        self._scheduler = BatchScheduler(self._run_batch, window_s=batch_window_s, max_rows=max_batch_rows)
+        self._scheduler = BatchScheduler(
+            self._run_batch, window_s=batch_window_s, gather_s=batch_gather_s, max_rows=max_batch_rows
+        )
         self.episodes = EpisodeRunner(
             self._generate_turn,
             tokenizer,
@@ -124,7 +127,12 @@ class RolloutCore:
             episode_settings or EpisodeSettings(),
             release_session=engine.release_session,
             served_version=lambda: self.versions.policy_version,
+            register=self._scheduler.caller,
         )
+
+    def register_caller(self) -> Caller:
+        """A handle for a caller that will call :meth:`generate` again and again (``scheduler.Caller``)."""
+        return self._scheduler.caller()
 
     async def start(self) -> None:
         self._scheduler.start()
@@ -137,8 +145,11 @@ class RolloutCore:
         await asyncio.to_thread(self.compute.close)
 
     # --------------------------------------------------------------- generate
-    async def generate(self, request: GenerateRequest) -> list[CompletionResult]:
-        """Sample ``n`` completions per prompt, prompt-major.
+    async def generate(
+        self, request: GenerateRequest, caller: Caller | None = None
+    ) -> list[CompletionResult]:
+        """Sample ``n`` completions per prompt, prompt-major; ``caller``: the registered caller making it
+        (:meth:`register_caller`).
 
         Tokenizing, decoding and checking run in worker threads: a request of thousands of long
         prompts must not hold the event loop that serves every other caller.
@@ -157,15 +168,15 @@ class RolloutCore:
                 return await self.episodes.run(request, sampling)
             job = await asyncio.to_thread(self.validator.to_job, request)
             self.sleep_state.check_generate()
-            await self._scheduler.submit(job)
+            await self._scheduler.submit(job, caller)
             return await asyncio.to_thread(self._completions, request, job)
         finally:
             self.generates_in_flight -= 1
 
-    async def _generate_turn(self, job: GenerationJob) -> None:
+    async def _generate_turn(self, job: GenerationJob, caller: Caller) -> None:
         """One turn of an episode: a one-row job through the same batches as every Generate call."""
         self.sleep_state.check_generate()
-        await self._scheduler.submit(job)
+        await self._scheduler.submit(job, caller)
         check_completions(job.results, self.vocab_size, job.n)
 
     def _completions(self, request: GenerateRequest, job: GenerationJob) -> list[CompletionResult]:

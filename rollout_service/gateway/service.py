@@ -61,6 +61,7 @@ class AgentGateway:
             max_calls_per_session=settings.max_calls_per_session,
             ttl_s=settings.session_ttl_s,
             clock=clock,
+            register=core.register_caller,
         )
         self._renderer = ConversationRenderer(core.tokenizer)
         self.started = int(clock())  # the model's "created" in /v1/models
@@ -151,7 +152,7 @@ class AgentGateway:
             room = self.max_model_len - len(prompt_ids)
             spec = dataclasses.replace(spec, max_tokens=max(1, min(ceiling, room)))
         request = GenerateRequest((PromptInput(token_ids=tuple(prompt_ids)),), n, spec)
-        return await self._core.generate(request)
+        return await self._core.generate(request, session.caller if session is not None else None)
 
     def _choice(
         self, index: int, result: CompletionResult, tokens: bool, message: Message | None = None

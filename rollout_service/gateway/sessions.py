@@ -5,6 +5,12 @@ policy under ``/sessions/<id>/v1`` and to have the calls recorded. The registry 
 open at once, ``max_calls_per_session`` calls each); both refusals are ResourceExhausted with a retry hint,
 which the gateway answers as 429 with ``Retry-After``. An unknown or expired id is NotFound (404).
 Expired sessions are dropped when the registry is next used.
+
+Each open session is a registered caller of the batch scheduler (``register``, ``scheduler.Caller``). Before
+its first call, and after a reply that asked for tool results, its agent is about to call again (it runs the
+tools meanwhile): the batch being formed waits for it up to the scheduler's ``gather_s``, so the calls of
+agents that move in step share a batch. After any other reply (a final answer, a completion) it is not
+waited for until it calls again.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from grpo_runtime.errors import NotFound, ResourceExhausted
+from rollout_service.core.scheduler import Caller
 from rollout_service.gateway.types import Message, PinnedSampling, SessionTicket
 
 SESSION_ID_BYTES = 24
@@ -68,6 +75,7 @@ class Session:
     started: int = 0  # calls admitted (finished, failed or in flight)
     retokenized_tokens: int = 0
     prefix_mismatches: int = 0
+    caller: Caller | None = field(default=None, repr=False)  # its handle with the batch scheduler
 
     def admit_call(self, now: float) -> None:
         """Count one more call; ResourceExhausted past ``max_calls``."""
@@ -81,7 +89,12 @@ class Session:
         self.started += 1
 
     def record(self, call: CallRecord) -> None:
+        """Add a finished call; unless one of its replies has tool calls, stop the batches waiting for the
+        session's next call."""
         self.calls.append(call)
+        replies = (choice.reply for choice in call.choices)
+        if self.caller is not None and not any(reply is not None and reply.tool_calls for reply in replies):
+            self.caller.idle()
 
     @property
     def next_index(self) -> int:
@@ -98,11 +111,13 @@ class SessionRegistry:
         max_calls_per_session: int,
         ttl_s: float,
         clock: Callable[[], float] = time.time,
+        register: Callable[[], Caller] | None = None,
     ) -> None:
         self.max_sessions = max_sessions
         self.max_calls_per_session = max_calls_per_session
         self.ttl_s = ttl_s
         self._clock = clock
+        self._register = register
         self._sessions: dict[str, Session] = {}
 
     def __len__(self) -> int:
@@ -126,21 +141,28 @@ class SessionRegistry:
         session = Session(
             secrets.token_urlsafe(SESSION_ID_BYTES), now + lifetime, self.max_calls_per_session, sampling
         )
+        session.caller = self._register() if self._register is not None else None
         self._sessions[session.session_id] = session
         return SessionTicket(session.session_id, math.floor(session.expires_at * 1000))
 
     def get(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
         if session is None or session.expires_at <= self._clock():
-            self._sessions.pop(session_id, None)
+            self._drop(session_id)
             raise NotFound("no such session (unknown, closed or expired)", field="session_id")
         return session
 
     def close(self, session_id: str) -> bool:
-        session = self._sessions.pop(session_id, None)
+        session = self._drop(session_id)
         return session is not None and session.expires_at > self._clock()
+
+    def _drop(self, session_id: str) -> Session | None:
+        session = self._sessions.pop(session_id, None)
+        if session is not None and session.caller is not None:
+            session.caller.close()
+        return session
 
     def _drop_expired(self) -> None:
         now = self._clock()
         for session_id in [k for k, s in self._sessions.items() if s.expires_at <= now]:
-            del self._sessions[session_id]
+            self._drop(session_id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from grpo_runtime.errors import NotFound, ResourceExhausted
@@ -11,9 +13,17 @@ from rollout_service.codec import (
     encode_agent_trajectory,
     encode_open_agent_session_request,
 )
-from rollout_service.gateway.sessions import SessionRegistry
-from rollout_service.gateway.types import AgentSequence, AgentTrajectory, PinnedSampling, Sampling
-from rollout_service.types import SamplingSpec
+from rollout_service.core.scheduler import BatchScheduler
+from rollout_service.gateway.sessions import CallRecord, SampledChoice, SessionRegistry
+from rollout_service.gateway.types import (
+    AgentSequence,
+    AgentTrajectory,
+    FunctionCall,
+    Message,
+    PinnedSampling,
+    Sampling,
+)
+from rollout_service.types import GenerationJob, SamplingSpec
 
 
 class Clock:
@@ -91,3 +101,32 @@ def test_a_pinned_sampling_replaces_the_calls_distribution_and_caps_its_length()
     assert shorter.max_tokens == shorter.spec.max_tokens == 4
     unset = pinned.apply(Sampling(SamplingSpec(max_tokens=1), None))
     assert unset.max_tokens is None  # the gateway gives what the context leaves, within the cap
+
+
+def recorded_call(index: int, *, tool_calls: bool) -> CallRecord:
+    calls = (FunctionCall("call_0", "calculator", '{"expression": "1 + 1"}'),) if tool_calls else ()
+    reply = Message("assistant", "" if tool_calls else "2", tool_calls=calls)
+    return CallRecord(index, "chat", [1, 2], [SampledChoice([3], [-0.5], [0], reply.content, reply)], 0)
+
+
+async def test_batches_wait_for_a_session_whose_reply_asked_for_tool_results():
+    batches: list[int] = []
+
+    async def run(jobs: list[GenerationJob]) -> None:
+        batches.append(len(jobs))
+
+    # A gather of an hour: a batch runs early only when no session is waited for.
+    scheduler = BatchScheduler(run, window_s=0.001, gather_s=3600.0)
+    scheduler.start()
+    registry = SessionRegistry(max_sessions=4, max_calls_per_session=4, ttl_s=60, register=scheduler.caller)
+    calling = registry.get(registry.open().session_id)
+    answered = registry.get(registry.open().session_id)
+    calling.record(recorded_call(0, tool_calls=True))  # its agent runs the tool, then calls again
+    answered.record(recorded_call(0, tool_calls=False))  # a final answer: not waited for
+    queued = asyncio.create_task(scheduler.submit(GenerationJob([[1]], 1, SamplingSpec())))
+    await asyncio.sleep(0.05)
+    assert batches == []  # held for the session that will call again
+    registry.close(calling.session_id)
+    await asyncio.wait_for(queued, 30)
+    await scheduler.close()
+    assert batches == [1]
