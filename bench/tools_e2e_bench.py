@@ -2,12 +2,18 @@
 
 The trio: trainer + reward + rollout services, episodes through the reward service's calculator environment.
 
-    python bench/tools_e2e_bench.py [--steps 8] [--rounds 2] [--out bench/results/tools_e2e.json]
+    python bench/tools_e2e_bench.py [--steps 8] [--rounds 2] [--shape small]
+                                    [--out bench/results/tools_e2e.json]
 
 Task and model: the embedded agent task of ``tiny_models.tools_demo`` (``What is 347 + 582?``, numeric
 accuracy of the last number), with its tiny policy warm-started here into a temp dir for ``--warm-steps``
 steps with mostly tool-call trajectories, so the policy emits Hermes ``<tool_call>`` calls from the first
-step. One run config (``build_grpo_config``) for all three, ``max_tool_calling_iterations`` the same:
+step. ``--shape``: the policy's ``tiny_models.make`` shape (``small``: 0.4M parameters, the shipped tools
+policy's; ``large``: 21M, where the fixed cost per turn and per step weighs less; warm-started on every
+core, e.g. ``--warm-steps 100 --warm-batch 8``, which makes it call the tool in about 70 % of the
+episodes).
+
+One run config (``build_grpo_config``) for all three, ``max_tool_calling_iterations`` the same:
 
 - ``trl``: ``trl.GRPOTrainer(tools=[calculator])`` in one process: TRL generates with ``model.generate``,
   parses the calls with the tokenizer's response template (Qwen3's: the same Hermes format), runs the tool
@@ -190,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-completion-length", type=int, default=96)
     parser.add_argument("--max-tool-calling-iterations", type=int, default=1)
     parser.add_argument("--warm-steps", type=int, default=150, help="warm-start steps of the tool policy")
+    parser.add_argument("--warm-batch", type=int, default=32, help="warm-start batch size")
+    parser.add_argument("--shape", choices=("small", "large"), default="small", help="the policy's shape")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/tools_e2e.json")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -200,9 +208,18 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(scratch)
         model, data = root / "model", root / "data"
         threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # the demo's warm start is deterministic on one thread
+        # The small policy's warm start is deterministic on one thread; the large one takes every core.
+        torch.set_num_threads(1 if args.shape == "small" else threads)
         warm = build_tools_demo(
-            model, data, steps=args.warm_steps, tool_share=0.9, n_train=1000, n_test=64, log=lambda _: None
+            model,
+            data,
+            steps=args.warm_steps,
+            batch_size=args.warm_batch,
+            tool_share=0.9,
+            n_train=1000,
+            n_test=64,
+            shape=args.shape,
+            log=lambda _: None,
         )
         torch.set_num_threads(threads)
         train = data / "train.jsonl"
@@ -237,7 +254,13 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
         "setup": {
             "task": "tiny_models.tools_demo arithmetic with a calculator tool",
-            "warm_start": {"steps": args.warm_steps, "tool_share": 0.9, **warm},
+            "warm_start": {
+                "steps": args.warm_steps,
+                "batch_size": args.warm_batch,
+                "tool_share": 0.9,
+                "shape": args.shape,
+                **warm,
+            },
             "steps": args.steps,
             "rounds": args.rounds,
             "episodes_per_step": args.batch_size,

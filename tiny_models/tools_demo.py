@@ -200,8 +200,11 @@ def build_tools_demo(
     steps: int = 700,
     batch_size: int = 32,
     learning_rate: float = 3e-3,
+    shape: str = "small",
     log=print,
 ) -> dict:
+    """Write the task's train/test rows under ``data`` and a policy of ``tiny_models.make`` shape ``shape``
+    warm-started on them to ``out``; returns the final evaluation (``evaluate``) and the parameter count."""
     torch.manual_seed(seed)
     train, test = problems(seed, n_train, n_test)
     write_jsonl(train, data / "train.jsonl")
@@ -209,7 +212,7 @@ def build_tools_demo(
     shared = build_tokenizer()
     shared.add_tokens(TOOL_TOKENS)
     shared.chat_template = TOOLS_TEMPLATE
-    config = qwen2_config(shared)
+    config = qwen2_config(shared, shape)
     # Four 32-wide heads and a short RoPE wavelength make attention by relative position sharp enough that the
     # fixed-offset copy of the expression is learned in a few hundred steps (two 64-wide heads at theta 1e4
     # stay on the plateau for more than 600).
