@@ -10,8 +10,8 @@ accuracy of the last number), with its tiny policy warm-started here into a temp
 steps with mostly tool-call trajectories, so the policy emits Hermes ``<tool_call>`` calls from the first
 step. ``--shape``: the policy's ``tiny_models.make`` shape (``small``: 0.4M parameters, the shipped tools
 policy's; ``large``: 21M, where the fixed cost per turn and per step weighs less; warm-started on every
-core, e.g. ``--warm-steps 100 --warm-batch 8``, which makes it call the tool in about 70 % of the
-episodes).
+core, e.g. ``--warm-steps 100 --warm-batch 8``; the file's ``warm_start`` says how often it then calls
+the tool).
 
 One run config (``build_grpo_config``) for all three, ``max_tool_calling_iterations`` the same:
 

@@ -121,8 +121,9 @@ class RolloutSettings(BaseModel):
     # medium Memory): weight buckets are read from files there (SHARED_MEMORY transport). None: off.
     weight_shm_dir: str | None = None
     batch_window_ms: float = Field(5.0, ge=0)  # how long the batcher waits for concurrent calls
-    # How long a batch waits for episodes whose environment call is in flight (the turns that left the
-    # engine together come back as one batch); at least batch_window_ms.
+    # How long a batch waits, at most, for episodes whose environment call is in flight and gateway sessions
+    # whose agent runs a tool (the calls that left one batch together come back as one); at least
+    # batch_window_ms.
     batch_gather_ms: float = Field(50.0, ge=0)
     # A Generate call with continue_across_updates may pause for a weight update after every this many
     # generated tokens (and continue with the new weights).

@@ -96,16 +96,19 @@ async def test_callers_whose_jobs_ran_are_waited_for_before_the_next_batch():
     """The episodes of one batch come back after their environment calls, while a straggler's job is
     queued: the straggler's batch waits for them, from the moment their batch ends."""
     batches: list[int] = []
+    first_batch_running = asyncio.Event()
 
     async def run(jobs: list[GenerationJob]) -> None:
         batches.append(len(jobs))
+        first_batch_running.set()
         await asyncio.sleep(0.01)
 
     scheduler = BatchScheduler(run, window_s=0.001, gather_s=60.0, max_rows=100)
     scheduler.start()
 
-    async def episode(start: float) -> None:
-        await asyncio.sleep(start)
+    async def episode(late: bool) -> None:
+        if late:
+            await first_batch_running.wait()
         with scheduler.caller() as caller:
             await scheduler.submit(job(), caller)  # turn 1
             await asyncio.sleep(0.02)  # its environment call
@@ -113,7 +116,7 @@ async def test_callers_whose_jobs_ran_are_waited_for_before_the_next_batch():
 
     # Three episodes start together; a fourth starts while their first batch runs, and its first turn
     # waits for their second.
-    await asyncio.wait_for(asyncio.gather(*(episode(start) for start in (0, 0, 0, 0.003))), 30)
+    await asyncio.wait_for(asyncio.gather(*(episode(late) for late in (False, False, False, True))), 30)
     await scheduler.close()
     assert batches == [3, 4, 1]
 
