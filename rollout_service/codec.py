@@ -82,6 +82,7 @@ def encode_episode(spec: EpisodeSpec) -> rollout_pb2.Episode:
         max_turns=spec.max_turns,
         max_tool_calls=spec.max_tool_calls,
         target=spec.target,
+        skip_reward=spec.skip_reward,
     )
     message.params.update(spec.params)
     message.metadata.update(spec.metadata)
@@ -97,6 +98,7 @@ def decode_episode(msg: rollout_pb2.Episode, field: str = "episode") -> EpisodeS
         max_turns=msg.max_turns if msg.HasField("max_turns") else None,
         max_tool_calls=msg.max_tool_calls if msg.HasField("max_tool_calls") else None,
         target=msg.target,
+        skip_reward=msg.skip_reward,
     )
 
 

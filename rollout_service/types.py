@@ -64,7 +64,8 @@ class EpisodeSpec:
     """A prompt's request for a multi-turn tool episode (validated by the episode runner).
 
     ``max_turns`` / ``max_tool_calls`` None: the server's defaults; ``target``: a configured
-    environment service name ("" = "default"), never an address.
+    environment service name ("" = "default"), never an address; ``skip_reward``: the caller does not use
+    the environment's reward (no GetReward call, ``env_reward`` None).
     """
 
     environment: str
@@ -73,6 +74,7 @@ class EpisodeSpec:
     max_turns: int | None = None
     max_tool_calls: int | None = None
     target: str = ""
+    skip_reward: bool = False
 
 
 @dataclass(frozen=True)

@@ -239,7 +239,8 @@ class EpisodeRunner:
                 state, spec, episode, env, caller, sampling, index * 1_000_003 + sample, partial
             )
             caller.close()  # no more turns: batches stop waiting for it
-            state.env_reward = await self._reward(env, episode)
+            if not spec.skip_reward:
+                state.env_reward = await self._reward(env, episode)
         except EnvironmentFailure as failure:
             state.finish, state.error = FinishReason.ERROR, str(failure)
             if not state.prompt_ids:

@@ -105,6 +105,7 @@ class CalculatorEnvironment:
         self.open: dict[str, dict[str, Any]] = {}
         self.opened = 0
         self.closed = 0
+        self.rewards_read = 0
         self.steps: list[list[ToolCall]] = []
         self._ids = itertools.count()
 
@@ -147,6 +148,7 @@ class CalculatorEnvironment:
 
     async def get_reward(self, episode_id: str) -> EpisodeReward:
         state = self.open[episode_id]
+        self.rewards_read += 1
         return EpisodeReward(float(state["last"] == state["metadata"].get("answer")))
 
     async def close_episode(self, episode_id: str) -> bool:

@@ -49,8 +49,10 @@ class EpisodePlan:
 
     ``max_turns``: model turns per episode (TRL's ``max_tool_calling_iterations`` + 1 when only that is
     set); ``max_tool_calls``: None = the rollout service's limit; ``target``: the environment service name
-    configured on the rollout service ("" = its default); ``end_token_id``: the tokenizer's EOS, the one token
-    given to a completion whose episode failed before its first turn (see :func:`fill_empty_completions`).
+    configured on the rollout service ("" = its default); ``skip_reward``: the run does not weigh the
+    environment's reward, so the rollout service need not read it; ``end_token_id``: the tokenizer's EOS, the
+    one token given to a completion whose episode failed before its first turn (see
+    :func:`fill_empty_completions`).
     """
 
     def __init__(
@@ -61,6 +63,7 @@ class EpisodePlan:
         max_turns: int | None = None,
         max_tool_calls: int | None = None,
         target: str = "",
+        skip_reward: bool = False,
         end_token_id: int = 0,
     ) -> None:
         if not environments:
@@ -71,6 +74,7 @@ class EpisodePlan:
         self._max_turns = max_turns
         self._max_tool_calls = max_tool_calls
         self._target = target
+        self._skip_reward = skip_reward
         self._columns: dict[str, dict[str, Any]] = {}
         for row in rows:
             key = prompt_key(row["prompt"])
@@ -92,6 +96,7 @@ class EpisodePlan:
             max_turns=self._max_turns,
             max_tool_calls=self._max_tool_calls,
             target=self._target,
+            skip_reward=self._skip_reward,
         )
 
 
@@ -168,6 +173,7 @@ def episode_plan(
         max_turns=t.tools.max_model_turns,
         max_tool_calls=t.tools.max_tool_calls,
         target=config.services.environment_target,
+        skip_reward=not uses_env_reward(config),
         end_token_id=end_token_id,
     )
 

@@ -40,7 +40,12 @@ def wire(message):
 
 def test_a_generate_request_decodes_to_what_the_client_sent():
     episode = EpisodeSpec(
-        "calculator", params={"digits": 3}, metadata={"answer": "7"}, max_turns=4, target="tools"
+        "calculator",
+        params={"digits": 3},
+        metadata={"answer": "7"},
+        max_turns=4,
+        target="tools",
+        skip_reward=True,
     )
     request = codec.encode_generate_request(
         ["plain", [{"role": "system", "content": "be brief"}, {"role": "user", "content": None}], [5, 6, 7]],

@@ -80,7 +80,7 @@ async def test_episode_calls_the_tool_then_answers_with_masks_and_spans(scripted
     [c] = await core.generate(episode_request())
     assert c.finish_reason == FinishReason.STOP and not c.error
     assert c.tool_call_count == 1 and c.tool_failure_count == 0
-    assert c.env_reward == 1.0
+    assert c.env_reward == 1.0 and env.rewards_read == 1
     assert [t.tool_calls for t in c.turns] == [1, 0]
     assert len(c.tool_mask) == len(c.token_ids) == len(c.logprobs)
     first, second = c.turns
@@ -95,6 +95,15 @@ async def test_episode_calls_the_tool_then_answers_with_masks_and_spans(scripted
     assert c.token_ids[first.end : second.start] == suffix
     assert "The answer is 56088." in c.text
     assert env.opened == env.closed == 1 and not env.open
+
+
+async def test_an_episode_that_skips_the_reward_never_reads_it(scripted):
+    core, env, _ = await scripted()
+    spec = EpisodeSpec("calculator", metadata={"answer": ANSWER}, skip_reward=True)
+    [c] = await core.generate(episode_request(episode=spec))
+    assert c.finish_reason == FinishReason.STOP and c.tool_call_count == 1
+    assert c.env_reward is None and env.rewards_read == 0
+    assert env.opened == env.closed == 1
 
 
 async def test_ids_out_are_the_model_ids_and_tool_ids_exactly(scripted):

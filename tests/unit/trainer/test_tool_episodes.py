@@ -64,6 +64,14 @@ def test_plan_attaches_each_rows_columns_and_its_environment():
     assert plan.spec([{"role": "user", "content": "unseen"}]).metadata == {}
 
 
+def test_the_rollout_skips_the_environment_reward_a_run_does_not_weigh():
+    weighed = episode_plan(config(tools={"environment": "calculator"}), [{"prompt": PROMPT}])
+    unweighed = episode_plan(
+        config(tools={"environment": "calculator"}, rewards={"environment_weight": 0.0}), [{"prompt": PROMPT}]
+    )
+    assert not weighed.spec(PROMPT).skip_reward and unweighed.spec(PROMPT).skip_reward
+
+
 def test_plan_refuses_an_environment_the_run_does_not_have():
     plan = EpisodePlan(
         config(tools={"environment": "calculator"}).training.tools.episode_environments,

@@ -59,20 +59,22 @@ class Prompt(_message.Message):
     def __init__(self, id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., episode: _Optional[_Union[Episode, _Mapping]] = ...) -> None: ...
 
 class Episode(_message.Message):
-    __slots__ = ("environment", "params", "metadata", "max_turns", "max_tool_calls", "target")
+    __slots__ = ("environment", "params", "metadata", "max_turns", "max_tool_calls", "target", "skip_reward")
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
+    SKIP_REWARD_FIELD_NUMBER: _ClassVar[int]
     environment: str
     params: _struct_pb2.Struct
     metadata: _struct_pb2.Struct
     max_turns: int
     max_tool_calls: int
     target: str
-    def __init__(self, environment: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., target: _Optional[str] = ...) -> None: ...
+    skip_reward: bool
+    def __init__(self, environment: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., target: _Optional[str] = ..., skip_reward: _Optional[bool] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "seed", "repetition_penalty", "min_tokens")
