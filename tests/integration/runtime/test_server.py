@@ -142,10 +142,12 @@ async def test_request_id_is_echoed_and_in_every_json_log_line_of_the_call(start
             stub = rollout_pb2_grpc.RolloutServiceStub(channel)
             call = stub.GetStatus(rollout_pb2.GetStatusRequest(), metadata=(("x-request-id", "req-42"),))
             assert (await call).engine == "test"
-            assert (await call.initial_metadata())["x-request-id"] == "req-42"
+            # A unary response carries it with the status; a streamed one in its headers (above).
+            assert dict(await call.trailing_metadata())["x-request-id"] == "req-42"
+            assert "x-request-id" not in dict(await call.initial_metadata())
             generated = stub.GetStatus(rollout_pb2.GetStatusRequest())
             await generated
-            assert re.fullmatch(r"[0-9a-f]{32}", (await generated.initial_metadata())["x-request-id"])
+            assert re.fullmatch(r"[0-9a-f]{32}", dict(await generated.trailing_metadata())["x-request-id"])
     finally:
         root.removeHandler(handler)
         root.setLevel(old_level)
