@@ -54,6 +54,9 @@ TRUNCATION_MARK = "\n[output truncated]"
 # Arguments longer than this are parsed and schema-checked on a worker thread: jsonschema walks every value
 # in Python, about a millisecond per few thousand characters.
 INLINE_ARGUMENTS_CHARS = 4096
+# Metadata of at most this many values, none of them a container, is sized on the event loop: the walk is
+# then a sum of string lengths, cheaper than the hop to a thread.
+INLINE_METADATA_VALUES = 64
 # Client's wait before retrying an OpenEpisode refused for the open-episode bound.
 OPEN_RETRY_AFTER_S = 1.0
 
@@ -69,6 +72,13 @@ def cap(text: str, limit: int) -> tuple[str, bool]:
     if len(text) <= limit:
         return text, False
     return text[: max(0, limit - len(TRUNCATION_MARK))] + TRUNCATION_MARK, True
+
+
+def _flat_and_short(metadata: Mapping[str, Any]) -> bool:
+    """Whether sizing ``metadata`` is a few microseconds (see ``INLINE_METADATA_VALUES``)."""
+    return len(metadata) <= INLINE_METADATA_VALUES and not any(
+        isinstance(value, Mapping | list | tuple) for value in metadata.values()
+    )
 
 
 @dataclass
@@ -192,7 +202,10 @@ class EpisodeRegistry:
 
     async def open(self, environment: str, params: Mapping[str, Any], metadata: Mapping[str, Any]) -> Episode:
         env = self.check_open(environment, params)
-        size = await asyncio.to_thread(json_chars, dict(metadata))  # a walk of every value
+        if _flat_and_short(metadata):
+            size = json_chars(dict(metadata))
+        else:
+            size = await asyncio.to_thread(json_chars, dict(metadata))  # a walk of every value
         if size > self._settings.max_metadata_chars:
             raise InvalidArgument(
                 f"about {size} characters, at most max_metadata_chars={self._settings.max_metadata_chars}",
