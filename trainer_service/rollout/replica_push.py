@@ -49,6 +49,8 @@ class ReplicaPush:
         self.pushes = 0
         self.last_push_seconds = 0.0
         self.total_push_seconds = 0.0
+        # Whether a LoRA payload carries the embedding layers; settled by the first push (see _adapter).
+        self._embedding_layers: bool | None = None
 
     def payload(self, trainer: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
         """(state dict to send, adapter config or None). Collective under ZeRO-3/FSDP: call on every rank.
@@ -60,13 +62,23 @@ class ReplicaPush:
         model = trainer.model_wrapped if trainer.model_wrapped is not None else trainer.model
         unwrapped = accelerator.unwrap_model(model)
         if isinstance(unwrapped, PeftModel):
-            adapter = full_state_dict(
-                accelerator, model, lambda tensors: get_peft_model_state_dict(unwrapped, state_dict=tensors)
-            )
+            adapter = full_state_dict(accelerator, model, lambda tensors: self._adapter(unwrapped, tensors))
             config = unwrapped.peft_config[unwrapped.active_adapter]
             adapter_config = json.loads(json.dumps(config.to_dict(), default=_json_default))
             return adapter, adapter_config
         return full_state_dict(accelerator, model), None
+
+    def _adapter(self, model: PeftModel, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """PEFT's adapter state dict of ``tensors``. PEFT's default ``save_embedding_layers="auto"`` reads the
+        base model's config.json from disk on every call (has the vocabulary been resized?), a fifth of a
+        small adapter's push; the answer cannot change during a run, so the first push settles it."""
+        if self._embedding_layers is None:
+            auto = get_peft_model_state_dict(model, state_dict=tensors)
+            without = get_peft_model_state_dict(model, state_dict=tensors, save_embedding_layers=False)
+            self._embedding_layers = auto.keys() != without.keys()
+            return auto
+        embedding_layers = self._embedding_layers
+        return get_peft_model_state_dict(model, state_dict=tensors, save_embedding_layers=embedding_layers)
 
     def push(self, trainer: Any, members: list[ReplicaAddress] | None = None) -> int:
         """Send the current weights to every replica with the next version; every rank returns that version.
