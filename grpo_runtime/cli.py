@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -110,6 +111,11 @@ async def _serve(
     args: argparse.Namespace, config: ServerConfig, settings: dict[str, Any], build: Build
 ) -> None:
     bindings, cleanup = await build(args, settings)
+    # What the build loaded (models, tokenizers, reward libraries) lives as long as the process. Frozen, it is
+    # out of the collector's sight: a full collection walks only what requests create, where it took
+    # 50-100 ms, stalling every call in flight, with the reward service's libraries tracked.
+    gc.collect()
+    gc.freeze()
     server = GrpcServer(config, bindings, on_shutdown=cleanup)
     await server.serve_forever()
 
