@@ -192,6 +192,7 @@ class RolloutClient(ServiceClient):
         prompt_ids: Sequence[str] | None = None,
         episodes: Sequence[EpisodeSpec] | None = None,
         continue_across_updates: bool = False,
+        min_policy_version: int | None = None,
         timeout_s: float | None = None,
     ) -> list[CompletionResult]:
         """``n`` completions per prompt, prompt-major (``len(prompts) * n`` results).
@@ -201,6 +202,8 @@ class RolloutClient(ServiceClient):
         results then carry ``tool_mask``, ``turns``, tool counts and ``env_reward``.
         ``continue_across_updates``: a weight update during the call pauses it at a token boundary
         instead of waiting for it (``CompletionResult.token_versions`` says which version sampled what).
+        ``min_policy_version``: generation waits until the replica serves at least that version (a push of
+        it in flight).
         """
         request = codec.encode_generate_request(
             prompts,
@@ -209,6 +212,7 @@ class RolloutClient(ServiceClient):
             prompt_ids=prompt_ids,
             episodes=episodes,
             continue_across_updates=continue_across_updates,
+            min_policy_version=min_policy_version,
         )
         return codec.decode_generate_response(self._call("Generate", request, timeout_s=timeout_s))
 
@@ -370,13 +374,15 @@ class RolloutClient(ServiceClient):
         ttl_s: float = 0.0,
         *,
         sampling: Mapping[str, Any] | None = None,
+        min_policy_version: int | None = None,
         timeout_s: float | None = None,
     ) -> SessionTicket:
         """A session of the OpenAI-compatible gateway: point an agent's SDK at
         ``http://HOST:OPENAI_PORT/sessions/<session_id>/v1``. ``ttl_s`` 0: the server's lifetime.
         ``sampling`` (SamplingParams fields): the distribution every call of the session samples from,
-        whatever the agent asks; its ``max_tokens`` caps a call's."""
-        request = codec.encode_open_agent_session_request(ttl_s, sampling)
+        whatever the agent asks; its ``max_tokens`` caps a call's. ``min_policy_version``: its calls generate
+        once the replica serves at least that version (a push of it in flight)."""
+        request = codec.encode_open_agent_session_request(ttl_s, sampling, min_policy_version)
         return codec.decode_open_agent_session_response(
             self._call("OpenAgentSession", request, timeout_s=timeout_s)
         )

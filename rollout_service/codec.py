@@ -145,6 +145,7 @@ def encode_generate_request(
     prompt_ids: Sequence[str] | None = None,
     episodes: Sequence[EpisodeSpec] | None = None,
     continue_across_updates: bool = False,
+    min_policy_version: int | None = None,
 ) -> rollout_pb2.GenerateRequest:
     """``prompt_ids`` default to "0", "1", ...; ``episodes``, when given, one per prompt."""
     return rollout_pb2.GenerateRequest(
@@ -155,6 +156,7 @@ def encode_generate_request(
         n=n,
         sampling=encode_sampling(sampling),
         continue_across_updates=continue_across_updates,
+        min_policy_version=min_policy_version,
     )
 
 
@@ -164,6 +166,7 @@ def decode_generate_request(msg: rollout_pb2.GenerateRequest) -> GenerateRequest
         n=msg.n,
         sampling=decode_sampling(msg.sampling),
         continue_across_updates=msg.continue_across_updates,
+        min_policy_version=msg.min_policy_version if msg.HasField("min_policy_version") else None,
     )
 
 
@@ -381,10 +384,11 @@ def decode_status_response(msg: rollout_pb2.GetStatusResponse) -> StatusInfo:
 
 # ------------------------------------------------------ agent sessions (gateway)
 def encode_open_agent_session_request(
-    ttl_s: float = 0.0, sampling: Mapping[str, Any] | None = None
+    ttl_s: float = 0.0, sampling: Mapping[str, Any] | None = None, min_policy_version: int | None = None
 ) -> rollout_pb2.OpenAgentSessionRequest:
-    """``sampling``: SamplingParams fields the session imposes on its calls (None: each call's own)."""
-    message = rollout_pb2.OpenAgentSessionRequest(ttl_seconds=ttl_s)
+    """``sampling``: SamplingParams fields the session imposes on its calls (None: each call's own);
+    ``min_policy_version``: its calls generate once that version serves (None: at once)."""
+    message = rollout_pb2.OpenAgentSessionRequest(ttl_seconds=ttl_s, min_policy_version=min_policy_version)
     if sampling is not None:
         message.sampling.CopyFrom(encode_sampling(sampling))
     return message
@@ -392,15 +396,16 @@ def encode_open_agent_session_request(
 
 def decode_open_agent_session_request(
     msg: rollout_pb2.OpenAgentSessionRequest,
-) -> tuple[float, PinnedSampling | None]:
-    """The requested lifetime in seconds (0: the server's default) and the session's sampling (ranges are
-    checked by the gateway)."""
+) -> tuple[float, PinnedSampling | None, int | None]:
+    """The requested lifetime in seconds (0: the server's default), the session's sampling (ranges are
+    checked by the gateway) and the policy version its calls wait for (None: none)."""
     if not msg.ttl_seconds >= 0 or msg.ttl_seconds == float("inf"):
         raise InvalidArgument(f"must be a finite number >= 0, got {msg.ttl_seconds}", field="ttl_seconds")
+    min_version = msg.min_policy_version if msg.HasField("min_policy_version") else None
     if not msg.HasField("sampling"):
-        return msg.ttl_seconds, None
+        return msg.ttl_seconds, None, min_version
     cap = msg.sampling.max_tokens if msg.sampling.HasField("max_tokens") else None
-    return msg.ttl_seconds, PinnedSampling(decode_sampling(msg.sampling), cap)
+    return msg.ttl_seconds, PinnedSampling(decode_sampling(msg.sampling), cap), min_version
 
 
 def encode_open_agent_session_response(ticket: SessionTicket) -> rollout_pb2.OpenAgentSessionResponse:

@@ -102,6 +102,7 @@ async def build_core(settings: RolloutSettings) -> RolloutCore:
         batch_gather_s=settings.batch_gather_ms / 1000,
         max_batch_rows=settings.max_batch_size,
         partial_segment_tokens=settings.partial_segment_tokens,
+        version_wait_s=settings.version_wait_s,
         image_limits=settings.images,
         environments=environment_clients(settings),
         episode_settings=settings.episodes,

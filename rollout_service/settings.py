@@ -128,6 +128,9 @@ class RolloutSettings(BaseModel):
     # A Generate call with continue_across_updates may pause for a weight update after every this many
     # generated tokens (and continue with the new weights).
     partial_segment_tokens: int = Field(8, ge=1)
+    # How long a Generate call with min_policy_version waits, at most, for that version's weights to arrive
+    # (a trainer sends the call while it pushes them); UNAVAILABLE after it.
+    version_wait_s: float = Field(60.0, gt=0)
     seed: int = 0
     work_dir: str | None = None  # adapters and weight snapshots for vLLM; default: a temp dir
     vllm: VllmSettings = Field(default_factory=VllmSettings)

@@ -97,6 +97,8 @@ class GenerateRequest:
     sampling: SamplingSpec
     # A weight update may take the lock between segments of this call's tokens (a partial rollout).
     continue_across_updates: bool = False
+    # Generation waits until at least this policy version serves (None: whatever serves).
+    min_policy_version: int | None = None
 
 
 @dataclass
@@ -201,6 +203,8 @@ class GenerationJob:
     # The engine may pause this job at a segment boundary for a weight update and continue with the new
     # weights (``GenerateRequest.continue_across_updates``); jobs with and without it never share a batch.
     continue_across_updates: bool = False
+    # The job is submitted once at least this policy version serves (``GenerateRequest.min_policy_version``).
+    min_policy_version: int | None = None
     # Per prompt, its pictures (None for a text prompt); an empty list: every prompt is text.
     images: list[PromptImages | None] = field(default_factory=list)
 

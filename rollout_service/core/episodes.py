@@ -200,11 +200,10 @@ class EpisodeRunner:
     async def run(self, request: GenerateRequest, sampling: SamplingSpec) -> list[CompletionResult]:
         """All episodes of a checked request, concurrently; prompt-major results. A failure that is not one
         episode's (the engine's, a cancelled call) stops every episode of the request."""
-        partial = request.continue_across_updates
         try:
             async with asyncio.TaskGroup() as group:
                 tasks = [
-                    group.create_task(self._episode(prompt, i, j, sampling, partial))
+                    group.create_task(self._episode(prompt, i, j, sampling, request))
                     for i, prompt in enumerate(request.prompts)
                     for j in range(request.n)
                 ]
@@ -215,7 +214,7 @@ class EpisodeRunner:
         return [task.result() for task in tasks]
 
     async def _episode(
-        self, prompt: PromptInput, index: int, sample: int, sampling: SamplingSpec, partial: bool = False
+        self, prompt: PromptInput, index: int, sample: int, sampling: SamplingSpec, request: GenerateRequest
     ) -> CompletionResult:
         spec = prompt.episode
         assert spec is not None  # checked
@@ -236,7 +235,7 @@ class EpisodeRunner:
                     f"the model's context of {self._validator.max_model_len}"
                 )
             await self._turns(
-                state, spec, episode, env, caller, sampling, index * 1_000_003 + sample, partial
+                state, spec, episode, env, caller, sampling, index * 1_000_003 + sample, request
             )
             caller.close()  # no more turns: batches stop waiting for it
             if not spec.skip_reward:
@@ -265,7 +264,7 @@ class EpisodeRunner:
         caller: Caller,
         sampling: SamplingSpec,
         stream: int,
-        partial: bool = False,
+        request: GenerateRequest,
     ) -> None:
         max_turns = spec.max_turns or self._settings.max_turns
         max_calls = spec.max_tool_calls if spec.max_tool_calls is not None else self._settings.max_tool_calls
@@ -279,7 +278,8 @@ class EpisodeRunner:
                 1,
                 dataclasses.replace(sampling, max_tokens=budget, seed=seed),
                 session=state.session,
-                continue_across_updates=partial,
+                continue_across_updates=request.continue_across_updates,
+                min_policy_version=request.min_policy_version,
             )
             await self._generate_turn(job, caller)
             raw = job.results[0]

@@ -26,7 +26,7 @@ from rollout_service.core.episodes import EnvironmentBackend, EpisodeRunner
 from rollout_service.core.scheduler import BatchScheduler, Caller
 from rollout_service.core.sleep import SleepState
 from rollout_service.core.validation import RequestValidator, check_completions
-from rollout_service.core.versioning import ReadWriteLock, UpdatePause, VersionState
+from rollout_service.core.versioning import ReadWriteLock, UpdatePause, VersionState, VersionWaits
 from rollout_service.core.weight_channel import WeightChannel
 from rollout_service.engines.base import Engine
 from rollout_service.settings import EpisodeSettings
@@ -63,7 +63,8 @@ class RolloutCore:
     a weight update after every this many generated tokens. ``compute``: the thread that runs every call
     into the engine and every tensor validation (:mod:`grpo_runtime.compute_thread`: one OpenMP pool per
     process; the engine should have been built on it too); default, one of its own. ``image_limits``:
-    what one prompt may carry in images (the service's ``images`` settings).
+    what one prompt may carry in images (the service's ``images`` settings). ``version_wait_s``: how long a
+    request with ``min_policy_version`` waits for that version at most.
     """
 
     def __init__(
@@ -87,6 +88,7 @@ class RolloutCore:
         partial_segment_tokens: int = 8,
         compute: ComputeThread | None = None,
         image_limits: ImageLimits | None = None,
+        version_wait_s: float = 60.0,
     ) -> None:
         self.engine = engine
         self.compute = compute or ComputeThread("rollout-engine")
@@ -111,6 +113,7 @@ class RolloutCore:
         self.channel = weight_channel or WeightChannel(None, engine.device)
         self._channel_lock = asyncio.Lock()
         self.versions = VersionState()
+        self.version_waits = VersionWaits(self.versions, version_wait_s)
         self.sleep_state = SleepState()
         self._lock = ReadWriteLock()
         if partial_segment_tokens < 1:
@@ -167,6 +170,7 @@ class RolloutCore:
                 self.sleep_state.check_generate()
                 return await self.episodes.run(request, sampling)
             job = await asyncio.to_thread(self.validator.to_job, request)
+            await self.version_waits.reach(job.min_policy_version)
             self.sleep_state.check_generate()
             await self._scheduler.submit(job, caller)
             return await asyncio.to_thread(self._completions, request, job)
@@ -175,6 +179,7 @@ class RolloutCore:
 
     async def _generate_turn(self, job: GenerationJob, caller: Caller) -> None:
         """One turn of an episode: a one-row job through the same batches as every Generate call."""
+        await self.version_waits.reach(job.min_policy_version)
         self.sleep_state.check_generate()
         await self._scheduler.submit(job, caller)
         check_completions(job.results, self.vocab_size, job.n)
@@ -239,10 +244,11 @@ class RolloutCore:
         and the engine's apply.
         """
         start = time.perf_counter()
-        self.versions.check_next(payload.version)
-        self.sleep_state.check_weight_update()
-        update = await self.compute.run(validate_payload, payload, self.catalog)
-        applied = await self._apply(update, start)
+        with self.version_waits.update_to(payload.version):
+            self.versions.check_next(payload.version)
+            self.sleep_state.check_weight_update()
+            update = await self.compute.run(validate_payload, payload, self.catalog)
+            applied = await self._apply(update, start)
         return WeightsApplied(
             applied.policy_version, applied.tensors_loaded, applied.apply_seconds, len(payload.data)
         )
@@ -256,12 +262,13 @@ class RolloutCore:
                 f"weights_root is {str(self.weights_root)!r}, which confines nothing; set weights_root "
                 "to the directory shared with the trainer"
             )
-        self.versions.check_next(version)
-        self.sleep_state.check_weight_update()
-        update = await self.compute.run(
-            read_directory, path, version, fmt, self.catalog, self.weights_root, self.max_weight_bytes
-        )
-        return await self._apply(update)
+        with self.version_waits.update_to(version):
+            self.versions.check_next(version)
+            self.sleep_state.check_weight_update()
+            update = await self.compute.run(
+                read_directory, path, version, fmt, self.catalog, self.weights_root, self.max_weight_bytes
+            )
+            return await self._apply(update)
 
     async def open_weight_channel(
         self, transport: WeightTransport, spec: GroupSpec | None
@@ -287,6 +294,10 @@ class RolloutCore:
         The manifest is checked before any byte moves; refused then on a group, the channel is left
         (the trainer's broadcast fails at once instead of waiting for this replica). The tensors are
         views into the buckets, validated by the same path as UpdateWeights' payload."""
+        with self.version_waits.update_to(manifest.version):
+            return await self._update_from_channel(manifest)
+
+    async def _update_from_channel(self, manifest: ChannelManifest) -> ChannelApplied:
         start = time.perf_counter()
         transport = self.channel.require()
         try:

@@ -185,6 +185,7 @@ class RequestValidator:
             n=request.n,
             sampling=sampling,
             continue_across_updates=request.continue_across_updates,
+            min_policy_version=request.min_policy_version,
             images=[e.images for e in encoded],
         )
 

@@ -1,4 +1,4 @@
-"""Versioned weights: the policy version state machine and the weights lock.
+"""Versioned weights: the policy version state machine, the weights lock, the requests waiting for a version.
 
 Generation batches hold the lock shared (readers); a weight update, a load and a sleep hold it
 exclusively (writer) and wait for the batches in flight, so every completion is produced by one
@@ -15,12 +15,12 @@ preempts a batch (the engine could not continue without weights): it waits for t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
 from grpo_runtime.compute_thread import ComputeThread
-from grpo_runtime.errors import InvalidArgument
+from grpo_runtime.errors import InvalidArgument, Unavailable
 from rollout_service.types import WeightFormat
 
 # Versions are uint64 on the wire but int64 inside engines (vLLM keys LoRA adapters by an int64 id).
@@ -123,6 +123,57 @@ class VersionState:
         self.check_next(version)
         self.policy_version = version
         self.weight_format = fmt
+
+
+class VersionWaits:
+    """Requests that wait until a policy version serves (``GenerateRequest.min_policy_version``): a trainer
+    sends the next step's request while it streams that step's weights.
+
+    Every update attempt wakes them when it ends (:meth:`update_to`). One that applied may be the version
+    they wait for; one that failed fails those waiting for its version or an earlier one (UNAVAILABLE: the
+    trainer pushes again and retries). ``wait_s`` bounds each wait (the push may never come).
+    """
+
+    def __init__(self, state: VersionState, wait_s: float) -> None:
+        self._state = state
+        self.wait_s = wait_s
+        self._changed = asyncio.Event()
+        self._failed_version = 0
+        self._failure = ""
+
+    async def reach(self, version: int | None) -> None:
+        """Return once ``version`` or a later one serves (None: at once); raises Unavailable."""
+        if version is None:
+            return
+        try:
+            async with asyncio.timeout(self.wait_s):
+                while self._state.policy_version < version:
+                    if self._failed_version >= version:
+                        raise Unavailable(
+                            f"waits for policy version {version}, but the update to version "
+                            f"{self._failed_version} failed here: {self._failure}",
+                            field="min_policy_version",
+                        )
+                    await self._changed.wait()
+        except TimeoutError:
+            raise Unavailable(
+                f"policy version {version} has not arrived within version_wait_s={self.wait_s:g}; this "
+                f"replica serves version {self._state.policy_version}",
+                field="min_policy_version",
+            ) from None
+
+    @contextmanager
+    def update_to(self, version: int) -> Iterator[None]:
+        """Around an update to ``version``: wakes the waiting requests when it ends, either way."""
+        try:
+            yield
+        except Exception as exc:
+            if version > self._failed_version:
+                self._failed_version, self._failure = version, str(exc)[:300]
+            raise
+        finally:
+            self._changed.set()
+            self._changed = asyncio.Event()
 
 
 class UpdatePause:

@@ -68,12 +68,18 @@ class AgentGateway:
         self.port: int | None = None  # the HTTP port once its endpoint is bound (GetStatus reports it)
 
     # ------------------------------------------------------------- sessions
-    def open_session(self, ttl_s: float = 0.0, sampling: PinnedSampling | None = None) -> SessionTicket:
+    def open_session(
+        self,
+        ttl_s: float = 0.0,
+        sampling: PinnedSampling | None = None,
+        min_policy_version: int | None = None,
+    ) -> SessionTicket:
         """A session of ``ttl_s`` seconds (0: the server's); ``sampling``: the distribution its calls
-        sample from whatever they ask (a call's length stays within the gateway's ``max_tokens`` too)."""
+        sample from whatever they ask (a call's length stays within the gateway's ``max_tokens`` too);
+        ``min_policy_version``: its calls generate once that version serves."""
         if sampling is not None:
             sampling = PinnedSampling(validate_sampling(sampling.spec), sampling.max_tokens)
-        return self.sessions.open(ttl_s, sampling)
+        return self.sessions.open(ttl_s, sampling, min_policy_version)
 
     def trajectory(self, session_id: str, *, close: bool = False) -> AgentTrajectory:
         out = trajectory(self.sessions.get(session_id))
@@ -151,7 +157,9 @@ class AgentGateway:
         if sampling.max_tokens is None:  # what the context leaves, within the bound
             room = self.max_model_len - len(prompt_ids)
             spec = dataclasses.replace(spec, max_tokens=max(1, min(ceiling, room)))
-        request = GenerateRequest((PromptInput(token_ids=tuple(prompt_ids)),), n, spec)
+        prompt = PromptInput(token_ids=tuple(prompt_ids))
+        min_version = session.min_policy_version if session is not None else None
+        request = GenerateRequest((prompt,), n, spec, min_policy_version=min_version)
         return await self._core.generate(request, session.caller if session is not None else None)
 
     def _choice(

@@ -71,6 +71,7 @@ class Session:
     expires_at: float  # wall-clock seconds
     max_calls: int
     sampling: PinnedSampling | None = None  # imposed on every call; None: each call's own
+    min_policy_version: int | None = None  # every call generates once this version serves
     calls: list[CallRecord] = field(default_factory=list)
     started: int = 0  # calls admitted (finished, failed or in flight)
     retokenized_tokens: int = 0
@@ -124,9 +125,14 @@ class SessionRegistry:
         self._drop_expired()
         return len(self._sessions)
 
-    def open(self, ttl_s: float = 0.0, sampling: PinnedSampling | None = None) -> SessionTicket:
+    def open(
+        self,
+        ttl_s: float = 0.0,
+        sampling: PinnedSampling | None = None,
+        min_policy_version: int | None = None,
+    ) -> SessionTicket:
         """A new session living ``ttl_s`` seconds (0 or more than the server's ``ttl_s``: that), whose calls
-        sample with ``sampling`` when given."""
+        sample with ``sampling`` when given and generate once ``min_policy_version`` serves."""
         now = self._clock()
         self._drop_expired()
         if len(self._sessions) >= self.max_sessions:
@@ -139,7 +145,11 @@ class SessionRegistry:
             )
         lifetime = self.ttl_s if not 0 < ttl_s <= self.ttl_s else ttl_s
         session = Session(
-            secrets.token_urlsafe(SESSION_ID_BYTES), now + lifetime, self.max_calls_per_session, sampling
+            secrets.token_urlsafe(SESSION_ID_BYTES),
+            now + lifetime,
+            self.max_calls_per_session,
+            sampling,
+            min_policy_version,
         )
         session.caller = self._register() if self._register is not None else None
         self._sessions[session.session_id] = session

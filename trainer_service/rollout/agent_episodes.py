@@ -137,11 +137,12 @@ class Placement:
 
 @dataclass(frozen=True)
 class _Table:
-    """What the episodes of one batch share: the agent's channel, the sampling pinned on their sessions
-    and the concurrency slots."""
+    """What the episodes of one batch share: the agent's channel, the sampling and the policy version pinned
+    on their sessions and the concurrency slots."""
 
     agent: AgentClient
     sampling: Mapping[str, Any]
+    version: int
     slots: asyncio.Semaphore
 
 
@@ -183,7 +184,8 @@ class AgentEpisodes:
         """One completion per prompt, in order, the episode of ``prompts[i]`` in a session on
         ``placements[i]``. ``sampling`` (SamplingParams fields): the distribution every call of the episodes
         samples from, pinned on their sessions whatever the agent asks; ``name`` prefixes the episode ids;
-        ``version`` is the policy version a failed one is given."""
+        ``version``: the trainer's policy version, which every call of the episodes waits for (its push may be
+        streaming) and a failed episode is given."""
         if len(placements) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(placements)} placements")
         return asyncio.run(self._play_all(prompts, placements, sampling, name, version))
@@ -198,7 +200,7 @@ class AgentEpisodes:
     ) -> list[AgentCompletion]:
         slots = asyncio.Semaphore(self.config.max_concurrent_episodes)
         async with AgentClient(self.agent) as agent:
-            table = _Table(agent, sampling, slots)
+            table = _Table(agent, sampling, version, slots)
             episodes = [
                 self._episode(table, place, self.task(prompt), f"{name}-{index}", version)
                 for index, (prompt, place) in enumerate(zip(prompts, placements, strict=True))
@@ -226,7 +228,10 @@ class AgentEpisodes:
     ) -> AgentCompletion:
         timeout_s, rollout = self.config.episode_timeout_s, place.rollout
         ticket = await asyncio.to_thread(
-            rollout.open_agent_session, timeout_s + SESSION_GRACE_S, sampling=table.sampling
+            rollout.open_agent_session,
+            timeout_s + SESSION_GRACE_S,
+            sampling=table.sampling,
+            min_policy_version=table.version,
         )
         read = False
         try:

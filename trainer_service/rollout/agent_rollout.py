@@ -45,11 +45,14 @@ class AgentRollout(ServiceRollout):
         self.agents = agents
         self.name = name  # episode ids are NAME<step>-<index>-try<attempt>
 
-    def generate(self, prompts: list[Any], step: int, *, partial: bool = False) -> list[Any]:
+    def generate(
+        self, prompts: list[Any], step: int, *, partial: bool = False, min_version: int | None = None
+    ) -> list[Any]:
         """The episodes of ``prompts``, each group's sessions on one replica serving the trainer's version
         (contiguous shards of near-equal size, as for Generate), pinned to this rollout's sampling.
         ``partial`` has no meaning here: each model call is one request, and a weight push between an
-        episode's calls already makes its tokens span versions (``token_versions``)."""
+        episode's calls already makes its tokens span versions (``token_versions``). Every session waits for
+        the trainer's current version (``min_version``: its push may be streaming)."""
         replicas = list(self.sync.ready)
         if not replicas:
             raise RolloutUnavailable(f"no rollout replica serves policy version {self.sync.current_version}")

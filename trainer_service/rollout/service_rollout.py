@@ -110,15 +110,20 @@ class _Request:
     episodes: list[Any] | None = None  # one EpisodeSpec per prompt of a tool-using run
 
 
-def _generate_shard(client: Any, requests: list[_Request], runs: int, partial: bool = False) -> list[Any]:
+def _generate_shard(
+    client: Any, requests: list[_Request], runs: int, partial: bool = False, min_version: int | None = None
+) -> list[Any]:
     """The completions of one shard's ``runs`` runs, in run order (each request's groups put in place).
 
-    ``partial``: the calls may continue across weight updates (``continue_across_updates``)."""
+    ``partial``: the calls may continue across weight updates (``continue_across_updates``);
+    ``min_version``: the replica generates once it serves at least that version (``min_policy_version``)."""
     results: list[list[Any]] = [[] for _ in range(runs)]
     for request in requests:
         extra: dict[str, Any] = {"episodes": request.episodes} if request.episodes else {}
         if partial:
             extra["continue_across_updates"] = True
+        if min_version is not None:
+            extra["min_policy_version"] = min_version
         completions = list(
             client.generate(request.prompts, n=request.count, sampling=request.sampling, **extra)
         )
@@ -163,6 +168,10 @@ class ServiceRollout:
     to sleep around the call.
     """
 
+    # Its requests carry the expected version as min_policy_version, so they may go out while the push of
+    # that version streams (WeightSync.generation's overlap).
+    overlaps_push = True
+
     def __init__(
         self,
         client: RolloutReplicas | None,
@@ -189,8 +198,10 @@ class ServiceRollout:
         step = int(trainer.state.global_step)
 
         def generate_step() -> dict[str, list]:
-            with self.sync.generation(trainer) as expected_version:
-                completions = self.generate(prompts, step)
+            # The step's requests go out while the last optimizer step's weights may still be streaming: the
+            # replicas open the episodes meanwhile and generate once they serve that version.
+            with self.sync.generation(trainer, overlap=self.overlaps_push) as expected_version:
+                completions = self.generate(prompts, step, min_version=expected_version)
             return self.to_trl(completions, expected_version)
 
         # A replica down or restarting: wait with backoff, then push the weights again (the generation context
@@ -203,11 +214,14 @@ class ServiceRollout:
             logger=log,
         )
 
-    def generate(self, prompts: list[Any], step: int, *, partial: bool = False) -> list[Any]:
+    def generate(
+        self, prompts: list[Any], step: int, *, partial: bool = False, min_version: int | None = None
+    ) -> list[Any]:
         """Completions of ``prompts`` in input order, each run of equal prompts sampled on one replica.
 
         ``partial``: a weight push during the generation pauses it and the rest is sampled by the new
         weights (partial rollouts; each completion's ``token_versions`` says which version sampled what).
+        ``min_version``: each replica generates once it serves at least that version (``min_policy_version``).
 
         The runs are cut into contiguous shards over the replicas in ``sync.ready`` (near-equal completion
         counts, :func:`~trainer_service.rollout.replicas.shard_bounds`), generated concurrently and joined.
@@ -224,7 +238,7 @@ class ServiceRollout:
         clients = [self.client.client(replica.address) for replica in replicas[: len(bounds)]]
         outcomes = settle(
             [
-                functools.partial(_generate_shard, client, shard, end - start, partial)
+                functools.partial(_generate_shard, client, shard, end - start, partial, min_version)
                 for client, shard, (start, end) in zip(clients, shards, bounds, strict=True)
             ]
         )

@@ -10,8 +10,11 @@ The rules they keep together:
 
 - Without sleep mode the trainer pushes once at the start of training (initial or resumed weights) and after
   every optimizer step, so ``policy_version = version_at_start + global_step`` and generation for step k+1
-  always sees the weights of step k. Async rollout streams the push after an optimizer step from a thread;
-  the next prefetch waits for it, the next optimizer step and the end of training settle it.
+  always sees the weights of step k. A single-process run streams the push after an optimizer step from a
+  thread: an async run's next prefetch waits for it; a sync run's next Generate goes out at once with that
+  version as ``min_policy_version``, so the replicas open its episodes while the weights arrive and
+  generate only once they serve them (:meth:`WeightSync.generation` with ``overlap``). The next optimizer
+  step and the end of training settle the push.
 - Before each generation every member's ``GetStatus`` is read: a member that is new, restarted or lost its
   weights makes the trainer push its current weights to every member under a new version, so the step
   generates only when all of them serve one version. A push that reached no replica is retried there.
@@ -45,7 +48,7 @@ class WeightSync:
     ``client``: the :class:`~trainer_service.replicas.RolloutReplicas` of the run (each member's
     :class:`rollout_service.client.RolloutClient`: ``push_weights``, ``status``, ``sleep``,
     ``wake_up``). ``ready`` lists the members serving ``current_version``: generation goes there.
-    ``background``: async rollout, the push after an optimizer step streams in a thread.
+    ``background``: the push after an optimizer step streams in a thread (single-process runs).
     """
 
     def __init__(
@@ -170,7 +173,7 @@ class WeightSync:
 
     def after_optimizer_step(self, trainer: Any) -> None:
         """Push the updated weights before the next generation (sleep mode pushes at the next wake
-        instead; async rollout streams them in the background)."""
+        instead; ``background``: streamed from a thread)."""
         if self.enabled and not self.sleep_mode:
             self._push_or_defer(self.push_in_background if self.background else self.push, trainer)
         trainer.accelerator.wait_for_everyone()
@@ -183,14 +186,24 @@ class WeightSync:
             log_deferred(error)
 
     @contextmanager
-    def generation(self, trainer: Any) -> Iterator[int]:
+    def generation(self, trainer: Any, *, overlap: bool = False) -> Iterator[int]:
         """Bracket one generation; yields the version every completion must carry.
 
         Every replica serves that version when the body runs (``ready`` lists them all); otherwise this
         raises RolloutUnavailable and the caller retries. Sleep mode: the replicas are woken, the weights
         pushed, all ranks generate, then the replicas go back to sleep, before the trainer's forward pass
         (:meth:`EngineSleep.awake`).
+
+        ``overlap`` (a caller whose requests carry the version as ``min_policy_version``): while a background
+        push streams, the body runs at once and the push is settled after it; the replicas wait for the
+        version themselves (UNAVAILABLE, retried, when it fails or never comes).
         """
+        if overlap and self.transferring and self.enabled and not self.sleep_mode:
+            try:
+                yield self._prepared_version()
+            finally:
+                self.settle_transfer()
+            return
         self.settle_transfer()
         if self.sleep_mode:
             with self.engine_sleep.awake(trainer, lambda woken: self._weights_after_wake(trainer, woken)):

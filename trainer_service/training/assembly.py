@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -211,7 +212,8 @@ def build_weight_sync(config: RunConfig, device: Device, replicas: RolloutReplic
         enabled=t.rollout.weight_sync,
         sleep_mode=t.rollout.vllm_enable_sleep_mode,
         sleep_level=t.rollout.sleep_level,
-        background=t.rollout.async_rollout,
+        # One process streams its pushes from a thread; with several, every rank takes part in each push.
+        background=int(os.environ.get("WORLD_SIZE", "1")) == 1,
         transports=WeightTransports(
             t.rollout.weight_transport,
             bucket_bytes=t.rollout.weight_bucket_mb << 20,

@@ -13,11 +13,13 @@ import json
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
 import openai
 import pytest
+from transformers import AutoModelForCausalLM
 
 from grpo_runtime.call_errors import ServiceCallError
 from grpo_runtime.errors import NotFound
@@ -302,3 +304,24 @@ def test_sessions_and_calls_over_their_bounds(running, rollout):
     finally:
         for t in opened:
             rollout.close_agent_session(t.session_id)
+
+
+def test_a_sessions_calls_wait_for_the_version_it_was_opened_for(running, rollout):
+    """A trainer opens a step's sessions while it pushes that step's weights: the agent's first call is held
+    until the version serves, then sampled by it. (The push is of the same weights, so later tests see the
+    same policy.)"""
+    served = rollout.status().policy_version
+    ticket = rollout.open_agent_session(min_policy_version=served + 1)
+    url = running.base_url(ticket.session_id) + "/chat/completions"
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(post, url, chat_body())
+        time.sleep(0.3)  # far past the batch window: it would have been answered by now
+        assert not call.done()
+        layer = "model.norm.weight"
+        base = AutoModelForCausalLM.from_pretrained(TOOL_POLICY).state_dict()
+        rollout.push_state_dict({layer: base[layer]}, served + 1)
+        status, _, _ = call.result(timeout=60)
+    assert status == 200
+    [sequence] = rollout.agent_trajectory(ticket.session_id, close=True).sequences
+    sampled = [v for v, m in zip(sequence.policy_versions, sequence.loss_mask, strict=True) if m]
+    assert sampled and set(sampled) == {served + 1}

@@ -318,8 +318,9 @@ def test_rollout_service_killed_and_restarted_mid_run(tiny_models, services, tra
     assert result.state is RunState.COMPLETED and result.step == 4
     records = read_metrics(result.metrics_path)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
-    # begin + 4 steps + one re-push to the restarted service; step 3 trains on the re-pushed weights.
-    assert result.weight_pushes == 6
+    # begin + 4 steps + one re-push to the restarted service; step 3 trains on the re-pushed weights. Step 2's
+    # push streams from a thread while the service is killed: it may land before the kill or fail with it.
+    assert result.weight_pushes in (5, 6)
     versions = [int(r["policy_version"]) for r in records]
     assert versions[2] == versions[1] + 2 and versions[3] == versions[2] + 1
 

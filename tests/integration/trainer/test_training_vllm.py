@@ -143,14 +143,13 @@ def test_grpo_on_vllm_pushes_every_step_and_logprobs_agree(
     assert result.weight_pushes == STEPS + 1
     assert final == result.policy_version == first + STEPS
     versions = [int(r["policy_version"]) for r in records]
+    # Step k's push streams from a thread (one process): at step k's event it may still be on its way.
+    assert all(first + k - 1 <= served.by_step[k] <= first + k for k in range(1, STEPS + 1))
     if asynchronous:
-        # Step k's push streams in the background: at step k's event it may still be on its way.
-        assert all(first + k - 1 <= served.by_step[k] <= first + k for k in range(1, STEPS + 1))
         assert [int(r["trainer_version"]) for r in records] == list(range(first, first + STEPS))
         assert all(0 <= r["trainer_version"] - r["policy_version"] <= 1 for r in records)
         assert versions[0] == first  # step 1 has no prefetch: generated on the first push
     else:
-        assert served.by_step == {k: first + k for k in range(1, STEPS + 1)}
         assert versions == list(range(first, first + STEPS))
 
     # vLLM is never trusted to match the trainer: the correction is measured on every batch.

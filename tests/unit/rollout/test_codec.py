@@ -54,6 +54,7 @@ def test_a_generate_request_decodes_to_what_the_client_sent():
         prompt_ids=["a", "b", "c"],
         episodes=[episode, episode, episode],
         continue_across_updates=True,
+        min_policy_version=7,
     )
     decoded = codec.decode_generate_request(wire(request))
     assert decoded.prompts == (
@@ -61,7 +62,9 @@ def test_a_generate_request_decodes_to_what_the_client_sent():
         PromptInput(id="b", messages=(("system", "be brief"), ("user", "")), episode=episode),
         PromptInput(id="c", token_ids=(5, 6, 7), episode=episode),
     )
-    assert decoded.n == 4 and decoded.continue_across_updates
+    assert decoded.n == 4 and decoded.continue_across_updates and decoded.min_policy_version == 7
+    unset = codec.decode_generate_request(wire(codec.encode_generate_request(["x"], 1, {})))
+    assert unset.min_policy_version is None
     assert decoded.sampling == SamplingSpec(temperature=0.5, max_tokens=9, stop=("###",), seed=3)
 
 

@@ -208,6 +208,22 @@ async def test_tool_result_tokens_carry_the_version_of_the_turn_before_them(scri
     assert c.token_versions == [4] * second.start + [5] * (second.end - second.start)
 
 
+async def test_an_episode_waiting_for_a_version_opens_meanwhile_and_samples_with_it(scripted):
+    core, env, _ = await scripted()
+    request = dataclasses.replace(episode_request(), min_policy_version=1)
+    waiting = asyncio.create_task(core.generate(request))
+    for _ in range(500):  # the environment answers at once; the episode then waits for the weights
+        if env.opened:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    assert env.opened == 1 and not env.steps and not waiting.done()
+    with core.version_waits.update_to(1):  # as an update applying now would
+        core.versions.advance(1, WeightFormat.LORA_ADAPTER)
+    [c] = await waiting
+    assert c.finish_reason == FinishReason.STOP and {t.policy_version for t in c.turns} == {1}
+
+
 async def test_an_episode_that_cannot_open_has_the_version_served_now(scripted):
     """It has no turn, so no weights wrote it: a version-checking trainer takes it as the error it is."""
     core, _, _ = await scripted()

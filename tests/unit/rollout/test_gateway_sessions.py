@@ -76,14 +76,15 @@ def test_trajectory_and_ttl_codec_round_trip():
         [AgentSequence([5, 6, 7], [0, 1, 1], [0.0, -0.5, -0.25], [2, 3, 3])], 2, 4, 1
     )
     assert decode_agent_trajectory(encode_agent_trajectory(trajectory)) == trajectory
-    assert decode_open_agent_session_request(encode_open_agent_session_request(12.5)) == (12.5, None)
+    assert decode_open_agent_session_request(encode_open_agent_session_request(12.5)) == (12.5, None, None)
+    assert decode_open_agent_session_request(encode_open_agent_session_request(0, None, 7))[2] == 7
     with pytest.raises(Exception, match="ttl_seconds"):
         decode_open_agent_session_request(encode_open_agent_session_request(-1))
 
 
 def test_a_pinned_sampling_round_trips_with_unset_fields_at_their_defaults():
     request = encode_open_agent_session_request(5.0, {"temperature": 0.7, "top_k": 20, "max_tokens": None})
-    ttl, pinned = decode_open_agent_session_request(request)
+    ttl, pinned, _ = decode_open_agent_session_request(request)
     assert ttl == 5.0 and pinned is not None
     assert (pinned.spec.temperature, pinned.spec.top_k, pinned.spec.top_p) == (pytest.approx(0.7), 20, 1.0)
     assert pinned.max_tokens is None  # no cap: each call keeps its own

@@ -1,5 +1,7 @@
-"""The weight push of async runs, streamed in a thread: when the version is given, when the replicas count as
-serving it, who waits for it, and how its failures reach the trainer.
+"""The weight push of single-process runs, streamed in a thread: when the version is given, when the
+replicas count as serving it, who waits for it (an async prefetch, a generation without overlap, the next
+optimizer step), who does not (a sync run's generation whose requests carry the version), and how its
+failures reach the trainer.
 
 The replica set is an in-memory stand-in whose push blocks until the test lets it through, so every ordering
 is checked deterministically; the real services run the same path in the async integration tests.
@@ -140,3 +142,33 @@ def test_no_replica_at_all_defers_the_push(setup, caplog):
     assert sync.push_pending and not sync.transferring and sync.current_version == 1
     with pytest.raises(RolloutUnavailable), sync.generation(trainer):
         pass
+
+
+def test_an_overlapping_generation_runs_while_the_push_streams_and_settles_it_after(setup):
+    """A sync run's Generate carries the version as min_policy_version: it goes out before the weights have
+    reached the replica (which waits for them itself), and the push is settled when the generation ends."""
+    sync, replica, trainer = setup
+    sync.after_optimizer_step(trainer)
+    assert replica.entered.wait(timeout=10)
+    with sync.generation(trainer, overlap=True) as version:
+        assert version == 2 and replica.version == 1 and sync.transferring
+        replica.gate.set()
+    assert not sync.transferring and replica.version == 2 and sync.ready == [ReplicaAddress(ADDRESS)]
+
+
+def test_a_push_refused_during_an_overlapping_generation_fails_it(setup):
+    sync, replica, trainer = setup
+    replica.error = InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, "test")
+    sync.after_optimizer_step(trainer)
+    with pytest.raises(WeightPushError, match="refused"), sync.generation(trainer, overlap=True):
+        replica.gate.set()
+    assert not sync.transferring
+
+
+def test_a_generation_without_overlap_waits_for_the_push(setup):
+    sync, replica, trainer = setup
+    sync.after_optimizer_step(trainer)
+    assert replica.entered.wait(timeout=10)
+    threading.Timer(0.2, replica.gate.set).start()
+    with sync.generation(trainer) as version:
+        assert version == 2 and replica.version == 2 and not sync.transferring

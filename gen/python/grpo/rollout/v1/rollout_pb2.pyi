@@ -99,16 +99,18 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., min_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompts", "n", "sampling", "continue_across_updates")
+    __slots__ = ("prompts", "n", "sampling", "continue_across_updates", "min_policy_version")
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     CONTINUE_ACROSS_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    MIN_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     prompts: _containers.RepeatedCompositeFieldContainer[Prompt]
     n: int
     sampling: SamplingParams
     continue_across_updates: bool
-    def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., n: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., continue_across_updates: _Optional[bool] = ...) -> None: ...
+    min_policy_version: int
+    def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., n: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., continue_across_updates: _Optional[bool] = ..., min_policy_version: _Optional[int] = ...) -> None: ...
 
 class Turn(_message.Message):
     __slots__ = ("start", "end", "policy_version", "tool_calls")
@@ -367,12 +369,14 @@ class CloseWeightChannelResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class OpenAgentSessionRequest(_message.Message):
-    __slots__ = ("ttl_seconds", "sampling")
+    __slots__ = ("ttl_seconds", "sampling", "min_policy_version")
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    MIN_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     ttl_seconds: float
     sampling: SamplingParams
-    def __init__(self, ttl_seconds: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+    min_policy_version: int
+    def __init__(self, ttl_seconds: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., min_policy_version: _Optional[int] = ...) -> None: ...
 
 class OpenAgentSessionResponse(_message.Message):
     __slots__ = ("session_id", "expires_unix_ms")
