@@ -125,6 +125,15 @@ class VersionState:
         self.weight_format = fmt
 
 
+def check_min_version(version: int | None) -> None:
+    """A ``min_policy_version`` a push could ever reach (at most :data:`MAX_POLICY_VERSION`); else
+    InvalidArgument naming it, before anything waits for it."""
+    if version is not None and version > MAX_POLICY_VERSION:
+        raise InvalidArgument(
+            f"must be below 2**63 (no policy version is larger), got {version}", field="min_policy_version"
+        )
+
+
 class VersionWaits:
     """Requests that wait until a policy version serves (``GenerateRequest.min_policy_version``): a trainer
     sends the next step's request while it streams that step's weights.
@@ -142,8 +151,10 @@ class VersionWaits:
         self._failure = ""
 
     async def reach(self, version: int | None) -> None:
-        """Return once ``version`` or a later one serves (None: at once); raises Unavailable."""
-        if version is None:
+        """Return once ``version`` or a later one serves (None: at once); raises Unavailable, or
+        InvalidArgument for a version no push can reach."""
+        check_min_version(version)
+        if version is None or self._state.policy_version >= version:
             return
         try:
             async with asyncio.timeout(self.wait_s):

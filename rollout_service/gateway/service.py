@@ -26,6 +26,7 @@ from grpo_runtime.tokenizing import decode_text
 from rollout_service.core.rollout import RolloutCore
 from rollout_service.core.tool_calls import TOOL_CALL, parse_tool_calls
 from rollout_service.core.validation import MAX_CHARS_PER_TOKEN, validate_sampling
+from rollout_service.core.versioning import check_min_version
 from rollout_service.gateway.conversation import ConversationRenderer, PromptPlan, tools_key
 from rollout_service.gateway.sessions import CallRecord, SampledChoice, Session, SessionRegistry
 from rollout_service.gateway.trajectory import trajectory
@@ -79,6 +80,7 @@ class AgentGateway:
         ``min_policy_version``: its calls generate once that version serves."""
         if sampling is not None:
             sampling = PinnedSampling(validate_sampling(sampling.spec), sampling.max_tokens)
+        check_min_version(min_policy_version)
         return self.sessions.open(ttl_s, sampling, min_policy_version)
 
     def trajectory(self, session_id: str, *, close: bool = False) -> AgentTrajectory:

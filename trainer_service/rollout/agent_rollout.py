@@ -52,7 +52,7 @@ class AgentRollout(ServiceRollout):
         (contiguous shards of near-equal size, as for Generate), pinned to this rollout's sampling.
         ``partial`` has no meaning here: each model call is one request, and a weight push between an
         episode's calls already makes its tokens span versions (``token_versions``). Every session waits for
-        the trainer's current version (``min_version``: its push may be streaming)."""
+        ``min_version`` (default: the trainer's current version, whose push may be streaming)."""
         replicas = list(self.sync.ready)
         if not replicas:
             raise RolloutUnavailable(f"no rollout replica serves policy version {self.sync.current_version}")
@@ -67,7 +67,7 @@ class AgentRollout(ServiceRollout):
             placements += [place] * sum(count for _, count in runs[start:end])
         sampling = self.sampling.for_step(step, self.calls).as_dict()
         self.calls += 1
-        version = self.sync.current_version or 0
+        version = min_version if min_version is not None else self.sync.current_version or 0
         return self.agents.play(prompts, placements, sampling, f"{self.name}{step}", version)
 
     def _gateway_url(self, client: RolloutClient, address: str) -> str:

@@ -168,10 +168,6 @@ class ServiceRollout:
     to sleep around the call.
     """
 
-    # Its requests carry the expected version as min_policy_version, so they may go out while the push of
-    # that version streams (WeightSync.generation's overlap).
-    overlaps_push = True
-
     def __init__(
         self,
         client: RolloutReplicas | None,
@@ -200,7 +196,7 @@ class ServiceRollout:
         def generate_step() -> dict[str, list]:
             # The step's requests go out while the last optimizer step's weights may still be streaming: the
             # replicas open the episodes meanwhile and generate once they serve that version.
-            with self.sync.generation(trainer, overlap=self.overlaps_push) as expected_version:
+            with self.sync.generation(trainer, overlap=True) as expected_version:
                 completions = self.generate(prompts, step, min_version=expected_version)
             return self.to_trl(completions, expected_version)
 

@@ -198,7 +198,7 @@ class WeightSync:
         push streams, the body runs at once and the push is settled after it; the replicas wait for the
         version themselves (UNAVAILABLE, retried, when it fails or never comes).
         """
-        if overlap and self.transferring and self.enabled and not self.sleep_mode:
+        if overlap and self.transferring:  # only pushes after an optimizer step stream (not in sleep mode)
             try:
                 yield self._prepared_version()
             finally:

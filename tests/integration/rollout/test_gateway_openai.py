@@ -310,6 +310,9 @@ def test_a_sessions_calls_wait_for_the_version_it_was_opened_for(running, rollou
     """A trainer opens a step's sessions while it pushes that step's weights: the agent's first call is held
     until the version serves, then sampled by it. (The push is of the same weights, so later tests see the
     same policy.)"""
+    with pytest.raises(ServiceCallError) as info:
+        rollout.open_agent_session(min_policy_version=2**64 - 1)  # no push can reach it: refused, not waited
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and "min_policy_version" in str(info.value)
     served = rollout.status().policy_version
     ticket = rollout.open_agent_session(min_policy_version=served + 1)
     url = running.base_url(ticket.session_id) + "/chat/completions"

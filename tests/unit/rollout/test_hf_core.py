@@ -235,6 +235,9 @@ async def test_a_call_waiting_for_a_version_fails_when_its_update_fails_or_never
     with pytest.raises(Unavailable, match="update to version 2 failed") as info:
         await waiting
     assert info.value.field == "min_policy_version"
+    with pytest.raises(InvalidArgument, match="below 2\\*\\*63") as info:
+        await core.generate(dataclasses.replace(request(), min_policy_version=2**64 - 1))
+    assert info.value.field == "min_policy_version"
     core.version_waits.wait_s = 0.05
     with pytest.raises(Unavailable, match="has not arrived within version_wait_s") as info:
         await core.generate(dataclasses.replace(request(), min_policy_version=3))
