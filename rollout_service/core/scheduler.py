@@ -9,9 +9,10 @@ A caller that submits job after job (an episode between its turns, a gateway ses
 runs a tool between model calls) registers a :class:`Caller`. While some registered caller has no
 job queued or running, the batch being formed waits for it up to ``gather_s`` after its first job
 instead of ``window_s``: the episodes that left one batch together come back as one batch, not one
-per environment reply. An engine batch runs to its end, so a straggler that misses the batch would
-wait for all of it and then run alone. A caller counts as waited for again the moment its job's
-batch ends, before the next batch forms.
+per environment reply. Once the last of them is in, the batch runs without waiting out the window.
+An engine batch runs to its end, so a straggler that misses the batch would wait for all of it and
+then run alone. A caller counts as waited for again the moment its job's batch ends, before the
+next batch forms.
 
 Jobs that may continue across weight updates (partial rollouts) and jobs that must come from one
 version never share a batch: a job of the other kind ends the window and starts the next batch.
@@ -168,6 +169,8 @@ class BatchScheduler:
                 except TimeoutError:
                     break
                 if entry is _WAKE:
+                    if not self._waiting_for:
+                        break  # every caller it waited for is in: the window would only delay them
                     continue
                 if not self._admit(entry, batch):
                     break

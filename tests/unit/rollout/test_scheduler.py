@@ -164,3 +164,24 @@ async def test_the_wait_for_registered_callers_is_bounded_by_gather_s():
         await asyncio.wait_for(asyncio.gather(scheduler.submit(job()), slow_environment(caller)), 30)
     await scheduler.close()
     assert batches == [1, 1]
+
+
+async def test_the_batch_runs_once_every_registered_caller_is_in():
+    """A window of an hour: once the last caller it waited for has submitted, the batch runs at once."""
+    batches: list[int] = []
+
+    async def run(jobs: list[GenerationJob]) -> None:
+        batches.append(len(jobs))
+
+    scheduler = BatchScheduler(run, window_s=3600.0, gather_s=3600.0, max_rows=100)
+    scheduler.start()
+    callers = [scheduler.caller() for _ in range(3)]
+
+    async def turn(caller, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)  # the environment calls of the episodes end at different times
+        await scheduler.submit(job(), caller)
+        caller.close()
+
+    await asyncio.wait_for(asyncio.gather(*(turn(c, 0.01 * k) for k, c in enumerate(callers))), 30)
+    await scheduler.close()
+    assert batches == [3]
