@@ -143,6 +143,7 @@ class InternalError(ServiceCallError):
 
 
 _CLASS_OF = {code: kind for kind in ServiceCallError.__subclasses__() for code in kind.codes}
+_CODE_OF_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def pushback_s(error: grpc.RpcError) -> float | None:
@@ -162,6 +163,20 @@ def call_error(error: grpc.RpcError, service: str | None = None) -> ServiceCallE
     unknown code). A pushback is kept only on RESOURCE_EXHAUSTED, the one code the servers send it with."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = (error.details() if hasattr(error, "details") else None) or ""
-    kind = _CLASS_OF.get(code, ServiceCallError)
     retry_after_s = pushback_s(error) if code == grpc.StatusCode.RESOURCE_EXHAUSTED else None
+    return status_error(code, details, service, retry_after_s=retry_after_s)
+
+
+def status_error(
+    code: grpc.StatusCode | int,
+    details: str,
+    service: str | None = None,
+    *,
+    retry_after_s: float | None = None,
+) -> ServiceCallError:
+    """The :class:`ServiceCallError` subclass for a status given as its parts; ``code`` as gRPC's enum or
+    its number (an entry of a batch call carries the number; an unknown number is UNKNOWN)."""
+    if isinstance(code, int):
+        code = _CODE_OF_NUMBER.get(code, grpc.StatusCode.UNKNOWN)
+    kind = _CLASS_OF.get(code, ServiceCallError)
     return kind(code, details, service=service, retry_after_s=retry_after_s)

@@ -5,7 +5,9 @@ both directions of each message, used by the servicer (``reward_service.api.envi
 ``encode_X`` builds message X from plain values, ``decode_X`` reads it back. Requests are read strictly:
 params and metadata through :func:`grpo_runtime.struct_codec.struct_dict` (InvalidArgument naming the field
 for a NaN, a Struct nested too deep, or metadata past its size). Responses are read as they come. The
-messages that carry one id or one flag (GetReward, CloseEpisode) have nothing to map and are built in place.
+messages that carry one id or one flag (GetReward, CloseEpisode) have nothing to map and are built in place;
+the batch requests are lists of the single ones. A batch's streamed results are ``(index, outcome)`` pairs,
+the outcome the single call's result or the :class:`EntryError` it failed with.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from google.protobuf import json_format, struct_pb2
 from grpo.env.v1 import env_pb2
 
 from grpo_runtime.env_types import (
+    EntryError,
     EnvironmentInfo,
     Episode,
     EpisodeReward,
@@ -26,6 +29,10 @@ from grpo_runtime.env_types import (
     ToolResult,
 )
 from grpo_runtime.struct_codec import struct_dict
+
+# Most entries in one OpenEpisodes, StepEpisodes or CloseEpisodes call (the contract's bound): servers refuse
+# more, clients split larger batches.
+MAX_BATCH_ENTRIES = 256
 
 
 def _struct(value: Mapping[str, Any] | None) -> struct_pb2.Struct:
@@ -153,4 +160,60 @@ def decode_list_environments_response(message: env_pb2.ListEnvironmentsResponse)
             name=e.name, description=e.description, kind=e.kind, available=e.available, status=e.status
         )
         for e in message.environments
+    ]
+
+
+# ------------------------------------------------------ OpenEpisodes, StepEpisodes
+def _decode_entry_error(message: env_pb2.EntryError) -> EntryError:
+    retry_after_s = message.retry_after_ms / 1000 if message.retry_after_ms else None
+    return EntryError(message.code, message.details, retry_after_s)
+
+
+def _encode_entry_error(error: EntryError) -> env_pb2.EntryError:
+    retry_after_ms = round(error.retry_after_s * 1000) if error.retry_after_s else 0
+    return env_pb2.EntryError(code=error.code, details=error.details, retry_after_ms=retry_after_ms)
+
+
+def encode_opened_episodes(
+    outcomes: Sequence[tuple[int, Episode | EntryError]],
+) -> env_pb2.OpenEpisodesResponse:
+    return env_pb2.OpenEpisodesResponse(
+        opened=[
+            env_pb2.OpenedEpisode(index=i, error=_encode_entry_error(o))
+            if isinstance(o, EntryError)
+            else env_pb2.OpenedEpisode(index=i, episode=encode_open_episode_response(o))
+            for i, o in outcomes
+        ]
+    )
+
+
+def decode_opened_episodes(message: env_pb2.OpenEpisodesResponse) -> list[tuple[int, Episode | EntryError]]:
+    return [
+        (
+            e.index,
+            _decode_entry_error(e.error) if e.HasField("error") else decode_open_episode_response(e.episode),
+        )
+        for e in message.opened
+    ]
+
+
+def encode_stepped_episodes(
+    outcomes: Sequence[tuple[int, StepOutcome | EntryError]],
+) -> env_pb2.StepEpisodesResponse:
+    return env_pb2.StepEpisodesResponse(
+        stepped=[
+            env_pb2.SteppedEpisode(index=i, error=_encode_entry_error(o))
+            if isinstance(o, EntryError)
+            else env_pb2.SteppedEpisode(index=i, step=encode_step_response(o))
+            for i, o in outcomes
+        ]
+    )
+
+
+def decode_stepped_episodes(
+    message: env_pb2.StepEpisodesResponse,
+) -> list[tuple[int, StepOutcome | EntryError]]:
+    return [
+        (e.index, _decode_entry_error(e.error) if e.HasField("error") else decode_step_response(e.step))
+        for e in message.stepped
     ]

@@ -87,3 +87,13 @@ class EnvironmentInfo:
     kind: str
     available: bool = True
     status: str = ""
+
+
+@dataclass(frozen=True)
+class EntryError:
+    """Why one entry of a batch call (OpenEpisodes, StepEpisodes) failed: the gRPC status code number and
+    details its single call would have ended with."""
+
+    code: int
+    details: str
+    retry_after_s: float | None = None  # the server's pushback (RESOURCE_EXHAUSTED that passes)

@@ -3,6 +3,7 @@ loopback: every shipped environment kind, and hostile input answered with clear 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpo.env.v1 import env_pb2, env_pb2_grpc
 
 from grpo_runtime.call_errors import ServiceCallError
 from grpo_runtime.env_client import EnvironmentClient, ToolCall
@@ -213,3 +215,84 @@ async def test_too_many_open_episodes(env):
         for episode_id in opened:
             await env.close_episode(episode_id)
     assert (await env.open_episode("calculator")).episode_id
+
+
+async def test_concurrent_calls_are_one_batch_each_entry_answered_as_its_single_call(env):
+    """The client sends concurrent opens and steps as one batch call; each caller gets what its single call
+    would have given, an error naming its field included."""
+    opened = await asyncio.gather(
+        env.open_episode("calculator"),
+        env.open_episode("no-such-env"),
+        env.open_episode("calculator", metadata={"answer": math.nan}),
+        env.open_episode("calculator"),
+        return_exceptions=True,
+    )
+    first, unknown, nan, last = opened
+    assert unknown.code == grpc.StatusCode.INVALID_ARGUMENT and unknown.field == "environment"
+    assert nan.code == grpc.StatusCode.INVALID_ARGUMENT and nan.field == "metadata.answer"
+    stepped = await asyncio.gather(
+        env.step(first.episode_id, [calc("6*7")]),
+        env.step("nope", [calc("1")]),
+        env.step(last.episode_id, [calc("1")] * 5),
+        env.step(last.episode_id, [calc("2**10")]),
+        return_exceptions=True,
+    )
+    assert stepped[0].results[0].content == "42"
+    assert stepped[1].code == grpc.StatusCode.NOT_FOUND and stepped[1].field == "episode_id"
+    assert stepped[2].code == grpc.StatusCode.RESOURCE_EXHAUSTED and stepped[2].field == "calls"
+    assert stepped[3].results[0].content == "1024"
+    closed = await asyncio.gather(
+        *(env.close_episode(i) for i in (first.episode_id, last.episode_id, "nope"))
+    )
+    assert closed == [True, True, False]
+
+
+async def test_too_many_open_episodes_in_one_batch_keep_the_pushback(env):
+    opened = await asyncio.gather(*(env.open_episode("calculator") for _ in range(8)), return_exceptions=True)
+    refused = [o for o in opened if isinstance(o, ServiceCallError)]
+    try:
+        # At most 6 open at once: 2 refused, or more when an episode of an earlier test is still open.
+        assert len(refused) >= 2 and all(e.code == grpc.StatusCode.RESOURCE_EXHAUSTED for e in refused)
+        assert all(e.retryable and "max_open_episodes" in e.details for e in refused)
+    finally:
+        await asyncio.gather(*(env.close_episode(o.episode_id) for o in opened if o not in refused))
+
+
+async def test_batch_results_stream_as_they_finish_and_batches_are_bounded(env_server):
+    """A hung tool holds back only its own entry: the calculator's result comes in an earlier message."""
+    async with grpc.aio.insecure_channel(env_server.address) as channel:
+        stub = env_pb2_grpc.EnvironmentServiceStub(channel)
+        opening = env_pb2.OpenEpisodesRequest(
+            episodes=[env_pb2.OpenEpisodeRequest(environment=e) for e in ("misbehaving", "calculator")]
+        )
+        episodes = {}
+        async for message in stub.OpenEpisodes(opening):
+            episodes.update({entry.index: entry.episode.episode_id for entry in message.opened})
+        steps = env_pb2.StepEpisodesRequest(
+            steps=[
+                env_pb2.StepRequest(
+                    episode_id=episodes[0],
+                    calls=[env_pb2.ToolCall(name="hang", arguments_json='{"seconds": 5}')],
+                ),
+                env_pb2.StepRequest(
+                    episode_id=episodes[1],
+                    calls=[env_pb2.ToolCall(name="calculator", arguments_json='{"expression": "1+1"}')],
+                ),
+            ]
+        )
+        messages = [message async for message in stub.StepEpisodes(steps)]
+        assert [[entry.index for entry in m.stepped] for m in messages] == [[1], [0]]
+        assert messages[0].stepped[0].step.results[0].content == "2"
+        hung = messages[1].stepped[0].step
+        assert hung.done and "did not finish within 1s" in hung.results[0].content
+        closing = env_pb2.CloseEpisodesRequest(episode_ids=list(episodes.values()))
+        assert list((await stub.CloseEpisodes(closing)).closed) == [True, True]
+        for call, request, field in (
+            (stub.CloseEpisodes, env_pb2.CloseEpisodesRequest(episode_ids=["x"] * 257), "episode_ids"),
+            (stub.StepEpisodes, env_pb2.StepEpisodesRequest(steps=[env_pb2.StepRequest()] * 257), "steps"),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                response = call(request)
+                await (response if field == "episode_ids" else response.read())
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert info.value.details() == f"{field}: 257 entries, at most 256"

@@ -126,3 +126,69 @@ class CloseEpisodeResponse(_message.Message):
     CLOSED_FIELD_NUMBER: _ClassVar[int]
     closed: bool
     def __init__(self, closed: _Optional[bool] = ...) -> None: ...
+
+class OpenEpisodesRequest(_message.Message):
+    __slots__ = ("episodes",)
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    episodes: _containers.RepeatedCompositeFieldContainer[OpenEpisodeRequest]
+    def __init__(self, episodes: _Optional[_Iterable[_Union[OpenEpisodeRequest, _Mapping]]] = ...) -> None: ...
+
+class OpenEpisodesResponse(_message.Message):
+    __slots__ = ("opened",)
+    OPENED_FIELD_NUMBER: _ClassVar[int]
+    opened: _containers.RepeatedCompositeFieldContainer[OpenedEpisode]
+    def __init__(self, opened: _Optional[_Iterable[_Union[OpenedEpisode, _Mapping]]] = ...) -> None: ...
+
+class OpenedEpisode(_message.Message):
+    __slots__ = ("index", "episode", "error")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    episode: OpenEpisodeResponse
+    error: EntryError
+    def __init__(self, index: _Optional[int] = ..., episode: _Optional[_Union[OpenEpisodeResponse, _Mapping]] = ..., error: _Optional[_Union[EntryError, _Mapping]] = ...) -> None: ...
+
+class StepEpisodesRequest(_message.Message):
+    __slots__ = ("steps",)
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    steps: _containers.RepeatedCompositeFieldContainer[StepRequest]
+    def __init__(self, steps: _Optional[_Iterable[_Union[StepRequest, _Mapping]]] = ...) -> None: ...
+
+class StepEpisodesResponse(_message.Message):
+    __slots__ = ("stepped",)
+    STEPPED_FIELD_NUMBER: _ClassVar[int]
+    stepped: _containers.RepeatedCompositeFieldContainer[SteppedEpisode]
+    def __init__(self, stepped: _Optional[_Iterable[_Union[SteppedEpisode, _Mapping]]] = ...) -> None: ...
+
+class SteppedEpisode(_message.Message):
+    __slots__ = ("index", "step", "error")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    step: StepResponse
+    error: EntryError
+    def __init__(self, index: _Optional[int] = ..., step: _Optional[_Union[StepResponse, _Mapping]] = ..., error: _Optional[_Union[EntryError, _Mapping]] = ...) -> None: ...
+
+class CloseEpisodesRequest(_message.Message):
+    __slots__ = ("episode_ids",)
+    EPISODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    episode_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, episode_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CloseEpisodesResponse(_message.Message):
+    __slots__ = ("closed",)
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    closed: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, closed: _Optional[_Iterable[bool]] = ...) -> None: ...
+
+class EntryError(_message.Message):
+    __slots__ = ("code", "details", "retry_after_ms")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    details: str
+    retry_after_ms: int
+    def __init__(self, code: _Optional[int] = ..., details: _Optional[str] = ..., retry_after_ms: _Optional[int] = ...) -> None: ...

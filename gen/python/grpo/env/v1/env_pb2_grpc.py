@@ -71,6 +71,21 @@ class EnvironmentServiceStub:
                 request_serializer=grpo_dot_env_dot_v1_dot_env__pb2.CloseEpisodeRequest.SerializeToString,
                 response_deserializer=grpo_dot_env_dot_v1_dot_env__pb2.CloseEpisodeResponse.FromString,
                 _registered_method=True)
+        self.OpenEpisodes = channel.unary_stream(
+                '/grpo.env.v1.EnvironmentService/OpenEpisodes',
+                request_serializer=grpo_dot_env_dot_v1_dot_env__pb2.OpenEpisodesRequest.SerializeToString,
+                response_deserializer=grpo_dot_env_dot_v1_dot_env__pb2.OpenEpisodesResponse.FromString,
+                _registered_method=True)
+        self.StepEpisodes = channel.unary_stream(
+                '/grpo.env.v1.EnvironmentService/StepEpisodes',
+                request_serializer=grpo_dot_env_dot_v1_dot_env__pb2.StepEpisodesRequest.SerializeToString,
+                response_deserializer=grpo_dot_env_dot_v1_dot_env__pb2.StepEpisodesResponse.FromString,
+                _registered_method=True)
+        self.CloseEpisodes = channel.unary_unary(
+                '/grpo.env.v1.EnvironmentService/CloseEpisodes',
+                request_serializer=grpo_dot_env_dot_v1_dot_env__pb2.CloseEpisodesRequest.SerializeToString,
+                response_deserializer=grpo_dot_env_dot_v1_dot_env__pb2.CloseEpisodesResponse.FromString,
+                _registered_method=True)
 
 
 class EnvironmentServiceServicer:
@@ -125,6 +140,33 @@ class EnvironmentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenEpisodes(self, request, context):
+        """The batch forms: one call for the episodes a rollout opens, steps or
+        closes together (the episodes of one generation step reach each phase at
+        once), where one call per episode costs a round trip each. Each entry is
+        handled exactly as its single call and succeeds or fails on its own; the
+        call itself fails only when the batch has more than 256 entries
+        (INVALID_ARGUMENT naming the repeated field).
+        Results stream back as entries finish, those that finish together in one
+        message, so a slow tool holds back only its own episode. A server without
+        them answers UNIMPLEMENTED and callers fall back to the single calls.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StepEpisodes(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseEpisodes(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EnvironmentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -152,6 +194,21 @@ def add_EnvironmentServiceServicer_to_server(servicer, server):
                     servicer.CloseEpisode,
                     request_deserializer=grpo_dot_env_dot_v1_dot_env__pb2.CloseEpisodeRequest.FromString,
                     response_serializer=grpo_dot_env_dot_v1_dot_env__pb2.CloseEpisodeResponse.SerializeToString,
+            ),
+            'OpenEpisodes': grpc.unary_stream_rpc_method_handler(
+                    servicer.OpenEpisodes,
+                    request_deserializer=grpo_dot_env_dot_v1_dot_env__pb2.OpenEpisodesRequest.FromString,
+                    response_serializer=grpo_dot_env_dot_v1_dot_env__pb2.OpenEpisodesResponse.SerializeToString,
+            ),
+            'StepEpisodes': grpc.unary_stream_rpc_method_handler(
+                    servicer.StepEpisodes,
+                    request_deserializer=grpo_dot_env_dot_v1_dot_env__pb2.StepEpisodesRequest.FromString,
+                    response_serializer=grpo_dot_env_dot_v1_dot_env__pb2.StepEpisodesResponse.SerializeToString,
+            ),
+            'CloseEpisodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseEpisodes,
+                    request_deserializer=grpo_dot_env_dot_v1_dot_env__pb2.CloseEpisodesRequest.FromString,
+                    response_serializer=grpo_dot_env_dot_v1_dot_env__pb2.CloseEpisodesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +358,87 @@ class EnvironmentService:
             '/grpo.env.v1.EnvironmentService/CloseEpisode',
             grpo_dot_env_dot_v1_dot_env__pb2.CloseEpisodeRequest.SerializeToString,
             grpo_dot_env_dot_v1_dot_env__pb2.CloseEpisodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenEpisodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/grpo.env.v1.EnvironmentService/OpenEpisodes',
+            grpo_dot_env_dot_v1_dot_env__pb2.OpenEpisodesRequest.SerializeToString,
+            grpo_dot_env_dot_v1_dot_env__pb2.OpenEpisodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StepEpisodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/grpo.env.v1.EnvironmentService/StepEpisodes',
+            grpo_dot_env_dot_v1_dot_env__pb2.StepEpisodesRequest.SerializeToString,
+            grpo_dot_env_dot_v1_dot_env__pb2.StepEpisodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseEpisodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grpo.env.v1.EnvironmentService/CloseEpisodes',
+            grpo_dot_env_dot_v1_dot_env__pb2.CloseEpisodesRequest.SerializeToString,
+            grpo_dot_env_dot_v1_dot_env__pb2.CloseEpisodesResponse.FromString,
             options,
             channel_credentials,
             insecure,
