@@ -57,6 +57,9 @@ from rollout_service.types import (
 log = logging.getLogger(__name__)
 
 DEFAULT_TARGET = "default"
+# Tool results up to this many characters in all are rendered on the event loop (about 0.1 ms): a thread
+# hop, with the GIL handoffs of a dozen episodes' hops at once, costs more than the render.
+INLINE_SUFFIX_CHARS = 4096
 
 
 class EnvironmentBackend(Protocol):
@@ -117,6 +120,34 @@ class EpisodeState:
             last = self.token_versions[-1] if self.token_versions else self.turns[-1].policy_version
             versions = [last] * len(ids)
         self.token_versions += versions
+
+
+class _SharedRenders:
+    """The prompts of one request rendered with their episodes' tools, each once: the G episodes of a
+    prompt whose environment gave them the same tools and prompt suffix share one render off the loop."""
+
+    def __init__(self) -> None:
+        self._renders: dict[int, list[tuple[Episode, asyncio.Future[list[int]]]]] = {}
+
+    async def prompt_ids(
+        self,
+        index: int,
+        episode: Episode,
+        render: Callable[[PromptInput, Episode, int], list[int]],
+        prompt: PromptInput,
+    ) -> list[int]:
+        shared = self._renders.setdefault(index, [])
+        same = (
+            ids
+            for other, ids in shared
+            if (other.prompt_suffix, other.tools) == (episode.prompt_suffix, episode.tools)
+        )
+        ids = next(same, None)
+        if ids is None:
+            ids = asyncio.ensure_future(asyncio.to_thread(render, prompt, episode, index))
+            shared.append((episode, ids))
+        # Shielded: an episode cancelled while waiting leaves the render to the others.
+        return list(await asyncio.shield(ids))
 
 
 class EpisodeRunner:
@@ -200,10 +231,11 @@ class EpisodeRunner:
     async def run(self, request: GenerateRequest, sampling: SamplingSpec) -> list[CompletionResult]:
         """All episodes of a checked request, concurrently; prompt-major results. A failure that is not one
         episode's (the engine's, a cancelled call) stops every episode of the request."""
+        renders = _SharedRenders()
         try:
             async with asyncio.TaskGroup() as group:
                 tasks = [
-                    group.create_task(self._episode(prompt, i, j, sampling, request))
+                    group.create_task(self._episode(prompt, i, j, sampling, request, renders))
                     for i, prompt in enumerate(request.prompts)
                     for j in range(request.n)
                 ]
@@ -214,7 +246,13 @@ class EpisodeRunner:
         return [task.result() for task in tasks]
 
     async def _episode(
-        self, prompt: PromptInput, index: int, sample: int, sampling: SamplingSpec, request: GenerateRequest
+        self,
+        prompt: PromptInput,
+        index: int,
+        sample: int,
+        sampling: SamplingSpec,
+        request: GenerateRequest,
+        renders: _SharedRenders,
     ) -> CompletionResult:
         spec = prompt.episode
         assert spec is not None  # checked
@@ -228,7 +266,7 @@ class EpisodeRunner:
                 "OpenEpisode",
                 self._settings.open_timeout_s,
             )
-            state.prompt_ids = await asyncio.to_thread(self._prompt_ids, prompt, episode, index)
+            state.prompt_ids = await renders.prompt_ids(index, episode, self._prompt_ids, prompt)
             if len(state.prompt_ids) + 1 > self._validator.max_model_len:
                 raise EnvironmentFailure(
                     f"the prompt with the environment's tools is {len(state.prompt_ids)} tokens, no room in "
@@ -304,7 +342,11 @@ class EpisodeRunner:
                 state.tool_failures += len(parsed)  # the model's calls were made; none got a result
                 raise
             state.tool_failures += sum(r.error for r in outcome.results)
-            suffix = await asyncio.to_thread(self._suffixer.suffix_ids, list(outcome.results))
+            results = list(outcome.results)
+            if sum(len(r.content) for r in results) <= INLINE_SUFFIX_CHARS:
+                suffix = self._suffixer.suffix_ids(results)
+            else:
+                suffix = await asyncio.to_thread(self._suffixer.suffix_ids, results)
             # The next turn needs room for at least one token (TRL drops results that would overflow).
             if (
                 len(state.tokens) + len(suffix) >= sampling.max_tokens

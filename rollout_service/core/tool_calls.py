@@ -14,6 +14,7 @@ re-tokenized.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -72,34 +73,55 @@ def malformed_result(parsed: ParsedCall) -> ToolResult:
 
 
 class ToolSuffixer:
-    """Token ids of tool results in the model's chat template, to append after a turn."""
+    """Token ids of tool results in the model's chat template, to append after a turn.
+
+    The ids depend only on the results' names and contents: short results (a number, a short error) are
+    cached, the G episodes of a prompt often getting the same one, and so is the rendered conversation
+    before them, per tool name.
+    """
+
+    CACHED_CHARS = 1024  # results up to this many characters in all are cached (at most 4096 of them)
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
+        self._cached = functools.lru_cache(maxsize=4096)(self._suffix)
+        self._prefix = functools.lru_cache(maxsize=64)(self._render_prefix)
 
     def suffix_ids(self, results: list[ToolResult]) -> list[int]:
         """Tool messages + the generation prompt of the next assistant turn, as the template renders them
         after an assistant turn that ended on EOS (``[]`` when ``results`` is empty)."""
         if not results:
             return []
-        calls = [{"type": "function", "function": {"name": results[0].name or "tool", "arguments": {}}}]
-        dummy: list[dict[str, Any]] = [
-            {"role": "user", "content": "dummy"},
-            {"role": "assistant", "content": "", "tool_calls": calls},
-        ]
-        tools = [{"role": "tool", "name": r.name, "content": r.content} for r in results]
-        prefix = self._render(dummy, add_generation_prompt=False)
-        full = self._render(dummy + tools, add_generation_prompt=True)
-        # Templates that end a turn with EOS + newline: the model's turn ended at EOS, so cut there.
-        eos = self.tokenizer.eos_token_id
-        ends = [i for i, t in enumerate(prefix) if t == eos]
-        if ends:
-            prefix = prefix[: ends[-1] + 1]
-        if full[: len(prefix)] != prefix:
+        key = tuple((r.name, r.content) for r in results)
+        if sum(len(content) for _, content in key) <= self.CACHED_CHARS:
+            return list(self._cached(key))
+        return list(self._suffix(key))
+
+    def _suffix(self, results: tuple[tuple[str, str], ...]) -> tuple[int, ...]:
+        first = results[0][0] or "tool"
+        prefix = self._prefix(first)
+        tools = [{"role": "tool", "name": name, "content": content} for name, content in results]
+        full = self._render(self._dummy(first) + tools, add_generation_prompt=True)
+        if full[: len(prefix)] != list(prefix):
             raise ValueError(
                 "the chat template does not render tool messages as a suffix of the conversation"
             )
-        return full[len(prefix) :]
+        return tuple(full[len(prefix) :])
+
+    @staticmethod
+    def _dummy(name: str) -> list[dict[str, Any]]:
+        calls = [{"type": "function", "function": {"name": name, "arguments": {}}}]
+        return [
+            {"role": "user", "content": "dummy"},
+            {"role": "assistant", "content": "", "tool_calls": calls},
+        ]
+
+    def _render_prefix(self, name: str) -> tuple[int, ...]:
+        prefix = self._render(self._dummy(name), add_generation_prompt=False)
+        # Templates that end a turn with EOS + newline: the model's turn ended at EOS, so cut there.
+        eos = self.tokenizer.eos_token_id
+        ends = [i for i, t in enumerate(prefix) if t == eos]
+        return tuple(prefix[: ends[-1] + 1] if ends else prefix)
 
     def _render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> list[int]:
         return chat_token_ids(self.tokenizer, messages, add_generation_prompt=add_generation_prompt)

@@ -135,6 +135,23 @@ async def test_episodes_of_a_request_run_concurrently_and_batch_together(scripte
     assert engine.turns_generated == 24 and env.closed == 12
 
 
+async def test_the_samples_of_a_prompt_share_one_render_with_the_tools(scripted):
+    core, _, _ = await scripted()
+    runner = core.episodes
+    rendered = []
+
+    def counting(prompt, episode, index):
+        rendered.append(index)
+        return render(prompt, episode, index)
+
+    render, runner._prompt_ids = runner._prompt_ids, counting
+    out = await core.generate(episode_request(n=4, questions=("What is 1 * 7?", "What is 2 * 7?")))
+    assert sorted(rendered) == [0, 1]
+    assert [c.prompt_token_ids for c in out[:4]] == [out[0].prompt_token_ids] * 4
+    assert out[0].prompt_token_ids != out[4].prompt_token_ids
+    assert all(c.finish_reason == FinishReason.STOP and c.tool_call_count == 1 for c in out)
+
+
 async def test_max_turns_and_max_tool_calls_stop_a_model_that_keeps_calling(scripted):
     core, env, _ = await scripted(lambda prompt: tool_call("1 + 1"))
     [c] = await core.generate(episode_request(max_tokens=450, episode=EpisodeSpec("calculator", max_turns=3)))

@@ -42,3 +42,13 @@ def test_tool_suffix_is_the_tool_message_and_the_next_generation_prompt(tiny_mod
     ids = ToolSuffixer(tok).suffix_ids([ToolResult("call_0", "calculator", "56088")])
     assert tok.decode(ids) == "\n<|im_start|>tool\n56088<|im_end|>\n<|im_start|>assistant\n"
     assert ToolSuffixer(tok).suffix_ids([]) == []
+
+
+def test_short_tool_suffixes_are_cached_and_equal_to_a_fresh_render(tiny_models):
+    tok = AutoTokenizer.from_pretrained(tiny_models["policy"])
+    suffixer = ToolSuffixer(tok)
+    short = [ToolResult("call_0", "calculator", "56088")]
+    long = [ToolResult("call_0", "calculator", "9" * (ToolSuffixer.CACHED_CHARS + 1))]
+    for results in (short, short, long, long):
+        assert suffixer.suffix_ids(results) == ToolSuffixer(tok).suffix_ids(results)
+    assert suffixer._cached.cache_info().hits == 1 and suffixer._cached.cache_info().currsize == 1
