@@ -66,6 +66,8 @@ class Coalescer(Generic[ItemT, ResultT]):
         failure: BaseException | None = None
         try:
             async for index, outcome in self._send([item for item, _ in batch]):
+                if not 0 <= index < len(batch):
+                    raise ValueError(f"the batch call answered entry {index} of a batch of {len(batch)}")
                 self._deliver(batch[index][1], outcome)
         except Exception as exc:
             failure = exc

@@ -16,6 +16,8 @@ Concurrent calls are batched: the opens, steps and closes made within one event-
 episodes reach each phase together) go as one OpenEpisodes, StepEpisodes or CloseEpisodes call
 (``grpo_runtime.batch_calls.Coalescer``), each caller still getting its own result or error. A lone call
 goes as the single RPC; a server without the batch RPCs (UNIMPLEMENTED) gets single calls from then on.
+A caller that stops waiting (cancelled, timed out) leaves its entry to run on the server, bounded by the
+server's own timeouts; an episode opened for it is closed.
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ class Batches:
         self.sent.append(items)
         if "boom" in items:
             raise ConnectionError("the batch call failed")
+        if "stray" in items:
+            yield len(items), "an entry that was never asked for"
         for i, item in enumerate(items):
             if item not in ("slow", "fail"):
                 yield i, item.upper()
@@ -54,6 +56,8 @@ async def test_batches_are_split_at_max_batch_and_a_failed_batch_fails_its_calle
     assert batches.sent == [["a", "b"], ["boom", "c"]]
     assert outcomes[:2] == ["A", "B"]
     assert all(isinstance(o, ConnectionError) for o in outcomes[2:])
+    with pytest.raises(ValueError, match="answered entry 1 of a batch of 1"):
+        await coalescer.call("stray")  # a server's answer out of range fails the batch's callers
 
 
 async def test_a_caller_that_stops_waiting_leaves_its_result_to_orphan():
