@@ -387,6 +387,21 @@ class RolloutClient(ServiceClient):
             self._call("OpenAgentSession", request, timeout_s=timeout_s)
         )
 
+    def open_agent_sessions(
+        self,
+        count: int,
+        ttl_s: float = 0.0,
+        *,
+        sampling: Mapping[str, Any] | None = None,
+        min_policy_version: int | None = None,
+        timeout_s: float | None = None,
+    ) -> list[SessionTicket]:
+        """``count`` sessions as :meth:`open_agent_session` opens one, in one call: all or none."""
+        request = codec.encode_open_agent_sessions_request(count, ttl_s, sampling, min_policy_version)
+        return codec.decode_open_agent_sessions_response(
+            self._call("OpenAgentSessions", request, timeout_s=timeout_s)
+        )
+
     def agent_trajectory(
         self, session_id: str, *, close: bool = False, timeout_s: float | None = None
     ) -> AgentTrajectory:

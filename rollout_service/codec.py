@@ -418,6 +418,36 @@ def decode_open_agent_session_response(msg: rollout_pb2.OpenAgentSessionResponse
     return SessionTicket(msg.session_id, msg.expires_unix_ms)
 
 
+def encode_open_agent_sessions_request(
+    count: int,
+    ttl_s: float = 0.0,
+    sampling: Mapping[str, Any] | None = None,
+    min_policy_version: int | None = None,
+) -> rollout_pb2.OpenAgentSessionsRequest:
+    """``count`` sessions, each as :func:`encode_open_agent_session_request` describes one."""
+    session = encode_open_agent_session_request(ttl_s, sampling, min_policy_version)
+    return rollout_pb2.OpenAgentSessionsRequest(session=session, count=count)
+
+
+def decode_open_agent_sessions_request(
+    msg: rollout_pb2.OpenAgentSessionsRequest,
+) -> tuple[int, float, PinnedSampling | None, int | None]:
+    """How many sessions, then what :func:`decode_open_agent_session_request` gives for each."""
+    return (msg.count, *decode_open_agent_session_request(msg.session))
+
+
+def encode_open_agent_sessions_response(
+    tickets: Sequence[SessionTicket],
+) -> rollout_pb2.OpenAgentSessionsResponse:
+    return rollout_pb2.OpenAgentSessionsResponse(
+        sessions=[encode_open_agent_session_response(ticket) for ticket in tickets]
+    )
+
+
+def decode_open_agent_sessions_response(msg: rollout_pb2.OpenAgentSessionsResponse) -> list[SessionTicket]:
+    return [decode_open_agent_session_response(session) for session in msg.sessions]
+
+
 def encode_get_agent_trajectory_request(
     session_id: str, close: bool = False
 ) -> rollout_pb2.GetAgentTrajectoryRequest:

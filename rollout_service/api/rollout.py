@@ -69,6 +69,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         ticket = self._sessions().open_session(*codec.decode_open_agent_session_request(request))
         return codec.encode_open_agent_session_response(ticket)
 
+    async def OpenAgentSessions(self, request, context) -> rollout_pb2.OpenAgentSessionsResponse:
+        tickets = self._sessions().open_sessions(*codec.decode_open_agent_sessions_request(request))
+        return codec.encode_open_agent_sessions_response(tickets)
+
     async def GetAgentTrajectory(self, request, context) -> rollout_pb2.GetAgentTrajectoryResponse:
         session_id, close = codec.decode_get_agent_trajectory_request(request)
         return codec.encode_agent_trajectory(self._sessions().trajectory(session_id, close=close))

@@ -78,10 +78,23 @@ class AgentGateway:
         """A session of ``ttl_s`` seconds (0: the server's); ``sampling``: the distribution its calls
         sample from whatever they ask (a call's length stays within the gateway's ``max_tokens`` too);
         ``min_policy_version``: its calls generate once that version serves."""
+        return self.open_sessions(1, ttl_s, sampling, min_policy_version)[0]
+
+    def open_sessions(
+        self,
+        count: int,
+        ttl_s: float = 0.0,
+        sampling: PinnedSampling | None = None,
+        min_policy_version: int | None = None,
+    ) -> list[SessionTicket]:
+        """``count`` sessions as :meth:`open_session` opens one, all or none (a trainer opens a step's
+        sessions together)."""
+        if count < 1:
+            raise InvalidArgument(f"must be at least 1, got {count}", field="count")
         if sampling is not None:
             sampling = PinnedSampling(validate_sampling(sampling.spec), sampling.max_tokens)
         check_min_version(min_policy_version)
-        return self.sessions.open(ttl_s, sampling, min_policy_version)
+        return self.sessions.open_many(count, ttl_s, sampling, min_policy_version)
 
     def trajectory(self, session_id: str, *, close: bool = False) -> AgentTrajectory:
         out = trajectory(self.sessions.get(session_id))

@@ -133,27 +133,51 @@ class SessionRegistry:
     ) -> SessionTicket:
         """A new session living ``ttl_s`` seconds (0 or more than the server's ``ttl_s``: that), whose calls
         sample with ``sampling`` when given and generate once ``min_policy_version`` serves."""
+        return self.open_many(1, ttl_s, sampling, min_policy_version)[0]
+
+    def open_many(
+        self,
+        count: int,
+        ttl_s: float = 0.0,
+        sampling: PinnedSampling | None = None,
+        min_policy_version: int | None = None,
+    ) -> list[SessionTicket]:
+        """``count`` sessions as :meth:`open` opens one, all or none."""
         now = self._clock()
         self._drop_expired()
-        if len(self._sessions) >= self.max_sessions:
-            soonest = min(s.expires_at for s in self._sessions.values())
-            raise ResourceExhausted(
-                f"{len(self._sessions)} sessions are open, the server's limit gateway.max_sessions is "
-                f"{self.max_sessions}; close finished ones",
-                field="gateway.max_sessions",
-                retry_after_s=max(1.0, soonest - now),
-            )
+        self._check_room(count, now)
         lifetime = self.ttl_s if not 0 < ttl_s <= self.ttl_s else ttl_s
-        session = Session(
-            secrets.token_urlsafe(SESSION_ID_BYTES),
-            now + lifetime,
-            self.max_calls_per_session,
-            sampling,
-            min_policy_version,
+        tickets = []
+        for _ in range(count):
+            session = Session(
+                secrets.token_urlsafe(SESSION_ID_BYTES),
+                now + lifetime,
+                self.max_calls_per_session,
+                sampling,
+                min_policy_version,
+            )
+            session.caller = self._register() if self._register is not None else None
+            self._sessions[session.session_id] = session
+            tickets.append(SessionTicket(session.session_id, math.floor(session.expires_at * 1000)))
+        return tickets
+
+    def _check_room(self, count: int, now: float) -> None:
+        """ResourceExhausted unless ``count`` more sessions fit ``max_sessions``; ``retry_after_s`` (the
+        soonest expiry) only when they would fit once sessions expire."""
+        if len(self._sessions) + count <= self.max_sessions:
+            return
+        message = (
+            f"{len(self._sessions)} sessions are open, the server's limit gateway.max_sessions is "
+            f"{self.max_sessions}"
         )
-        session.caller = self._register() if self._register is not None else None
-        self._sessions[session.session_id] = session
-        return SessionTicket(session.session_id, math.floor(session.expires_at * 1000))
+        if count > self.max_sessions:
+            raise ResourceExhausted(f"{count} sessions asked for; {message}", field="count")
+        soonest = min(s.expires_at for s in self._sessions.values())
+        raise ResourceExhausted(
+            f"{message}; close finished ones",
+            field="gateway.max_sessions",
+            retry_after_s=max(1.0, soonest - now),
+        )
 
     def get(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)

@@ -27,14 +27,15 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from grpo_runtime.agent_client import AgentClient, EpisodeTask
+from grpo_runtime.batch_calls import Coalescer
 from grpo_runtime.call_errors import ServiceCallError
 from grpo_runtime.client import ChannelConfig
-from rollout_service.client import AgentTrajectory, FinishReason, RolloutClient
+from rollout_service.client import AgentTrajectory, FinishReason, RolloutClient, SessionTicket
 from trainer_service.config.agents import AgentsConfig
 from trainer_service.config.run_config import RunConfig
 from trainer_service.rollout.episodes import jsonable, prompt_key
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 # The gateway session outlives the episode's deadline by this much, seconds, so the trainer can still read
 # the trajectory of an agent that answered at the last moment.
 SESSION_GRACE_S = 30.0
+# Sessions one OpenAgentSessions call opens at most.
+MAX_SESSIONS_PER_OPEN = 256
 
 
 class EpisodeFailed(Exception):
@@ -135,13 +138,38 @@ class Placement:
     gateway_url: str
 
 
+class SessionOpener:
+    """Opens gateway sessions of one replica for a batch's episodes: the sessions asked for within one
+    event-loop turn (the episodes that got a slot together) in one ``OpenAgentSessions`` call, each alike:
+    living ``ttl_s``, sampling ``sampling``, waiting for ``version``."""
+
+    def __init__(self, rollout: RolloutClient, ttl_s: float, sampling: Mapping[str, Any], version: int):
+        self._rollout = rollout
+        self._open = {"ttl_s": ttl_s, "sampling": sampling, "min_policy_version": version}
+        self._calls: Coalescer[None, SessionTicket] = Coalescer(
+            self._send, max_batch=MAX_SESSIONS_PER_OPEN, orphan=self._close
+        )
+
+    async def open(self) -> SessionTicket:
+        return await self._calls.call(None)
+
+    async def _send(self, items: list[None]) -> AsyncIterator[tuple[int, SessionTicket]]:
+        tickets = await asyncio.to_thread(self._rollout.open_agent_sessions, len(items), **self._open)
+        for index, ticket in enumerate(tickets):
+            yield index, ticket
+
+    def _close(self, ticket: SessionTicket) -> None:
+        """A session opened for an episode that stopped waiting: closed at once, not left to expire."""
+        asyncio.get_running_loop().run_in_executor(None, self._rollout.close_agent_session, ticket.session_id)
+
+
 @dataclass(frozen=True)
 class _Table:
-    """What the episodes of one batch share: the agent's channel, the sampling and the policy version pinned
-    on their sessions and the concurrency slots."""
+    """What the episodes of one batch share: the agent's channel, the session openers (one per replica) and
+    the concurrency slots."""
 
     agent: AgentClient
-    sampling: Mapping[str, Any]
+    openers: dict[int, SessionOpener]
     version: int
     slots: asyncio.Semaphore
 
@@ -199,8 +227,12 @@ class AgentEpisodes:
         version: int,
     ) -> list[AgentCompletion]:
         slots = asyncio.Semaphore(self.config.max_concurrent_episodes)
+        ttl_s = self.config.episode_timeout_s + SESSION_GRACE_S
+        openers = {
+            id(place.rollout): SessionOpener(place.rollout, ttl_s, sampling, version) for place in placements
+        }
         async with AgentClient(self.agent) as agent:
-            table = _Table(agent, sampling, version, slots)
+            table = _Table(agent, openers, version, slots)
             episodes = [
                 self._episode(table, place, self.task(prompt), f"{name}-{index}", version)
                 for index, (prompt, place) in enumerate(zip(prompts, placements, strict=True))
@@ -227,12 +259,7 @@ class AgentEpisodes:
         self, table: _Table, place: Placement, task: dict[str, Any], episode_id: str
     ) -> AgentCompletion:
         timeout_s, rollout = self.config.episode_timeout_s, place.rollout
-        ticket = await asyncio.to_thread(
-            rollout.open_agent_session,
-            timeout_s + SESSION_GRACE_S,
-            sampling=table.sampling,
-            min_policy_version=table.version,
-        )
+        ticket = await table.openers[id(rollout)].open()
         read = False
         try:
             request = EpisodeTask(

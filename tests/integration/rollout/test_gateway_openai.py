@@ -306,6 +306,30 @@ def test_sessions_and_calls_over_their_bounds(running, rollout):
             rollout.close_agent_session(t.session_id)
 
 
+def test_a_steps_sessions_open_in_one_call(running, rollout):
+    """OpenAgentSessions opens sessions alike (here pinned to greedy sampling), each its own, all or none."""
+    tickets = rollout.open_agent_sessions(3, sampling={"temperature": 0.0, "max_tokens": 6})
+    try:
+        assert len({t.session_id for t in tickets}) == 3
+        replies = [ask(running.sdk(t.session_id), [QUESTION], seed=0, temperature=1.5) for t in tickets]
+        assert len({tuple(r.choices[0].token_ids) for r in replies}) == 1  # greedy: the same 6 tokens
+        for ticket in tickets:
+            assert rollout.agent_trajectory(ticket.session_id).calls == 1
+        for count, code in ((0, grpc.StatusCode.INVALID_ARGUMENT), (7, grpc.StatusCode.RESOURCE_EXHAUSTED)):
+            with pytest.raises(ServiceCallError) as info:
+                rollout.open_agent_sessions(count)
+            assert info.value.code == code and "count" in str(info.value)
+        with pytest.raises(ServiceCallError) as full:  # 3 open + 4 > 6: none opened
+            rollout.open_agent_sessions(4)
+        assert full.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "gateway.max_sessions" in str(
+            full.value
+        )
+        tickets += rollout.open_agent_sessions(3)  # 3 + 3 = 6 fit: the refused call opened none
+    finally:
+        for ticket in tickets:
+            rollout.close_agent_session(ticket.session_id)
+
+
 def test_a_sessions_calls_wait_for_the_version_it_was_opened_for(running, rollout):
     """A trainer opens a step's sessions while it pushes that step's weights: the agent's first call is held
     until the version serves, then sampled by it. (The push is of the same weights, so later tests see the

@@ -21,7 +21,12 @@ from trainer_service.config.agents import AgentsConfig
 from trainer_service.config.run_config import parse_config
 from trainer_service.core.types import RunState
 from trainer_service.local.launcher import start_local_services
-from trainer_service.rollout.agent_episodes import AgentEpisodes, Placement, agent_metrics
+from trainer_service.rollout.agent_episodes import (
+    AgentEpisodes,
+    Placement,
+    SessionOpener,
+    agent_metrics,
+)
 from trainer_service.training.callbacks import read_metrics
 from trainer_service.training.job import run_job
 
@@ -108,6 +113,30 @@ def test_failed_episodes_are_retried_then_masked_and_trained_tokens_are_the_gate
     assert metrics["agents/failed_episodes"] == 3.0
     assert metrics["agents/retried_episodes"] == 4.0
     assert metrics["agents/retokenized_tokens"] == 0.0 and metrics["agents/prefix_mismatches"] == 0.0
+
+
+def test_the_sessions_asked_for_together_open_in_one_call(gateway_rollout):
+    """The episodes that get a slot together ask for their sessions in one loop turn: one OpenAgentSessions
+    call opens them all, each episode getting its own."""
+    rollout_address, _ = gateway_rollout
+    with RolloutClient(rollout_address, timeout_s=60) as rollout:
+        counts = []
+        open_many = rollout.open_agent_sessions
+
+        def counted(count, *args, **kwargs):
+            counts.append(count)
+            return open_many(count, *args, **kwargs)
+
+        rollout.open_agent_sessions = counted
+        opener = SessionOpener(rollout, 60.0, {"temperature": 1.0}, 0)
+
+        async def open_five():
+            return await asyncio.gather(*(opener.open() for _ in range(5)))
+
+        tickets = asyncio.run(open_five())
+        assert counts == [5] and len({t.session_id for t in tickets}) == 5
+        for ticket in tickets:
+            assert rollout.close_agent_session(ticket.session_id)
 
 
 def train_with_agents(tiny_models, files, gateway_rollout, agent_target, output, **training):

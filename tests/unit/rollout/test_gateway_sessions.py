@@ -10,8 +10,10 @@ from grpo_runtime.errors import NotFound, ResourceExhausted
 from rollout_service.codec import (
     decode_agent_trajectory,
     decode_open_agent_session_request,
+    decode_open_agent_sessions_request,
     encode_agent_trajectory,
     encode_open_agent_session_request,
+    encode_open_agent_sessions_request,
 )
 from rollout_service.core.scheduler import BatchScheduler
 from rollout_service.gateway.sessions import CallRecord, SampledChoice, SessionRegistry
@@ -71,6 +73,21 @@ def test_sessions_and_calls_are_bounded_with_a_retry_hint():
     registry.open()
 
 
+def test_sessions_open_together_all_or_none():
+    clock = Clock()
+    registry = SessionRegistry(max_sessions=4, max_calls_per_session=2, ttl_s=30, clock=clock)
+    tickets = registry.open_many(3, ttl_s=5)
+    assert len({t.session_id for t in tickets}) == 3 and {t.expires_unix_ms for t in tickets} == {1_005_000}
+    with pytest.raises(ResourceExhausted) as full:
+        registry.open_many(2)
+    assert full.value.field == "gateway.max_sessions" and full.value.retry_after_s == 5
+    assert len(registry) == 3  # none of the two was opened
+    with pytest.raises(ResourceExhausted) as never:
+        registry.open_many(5)
+    assert never.value.field == "count" and never.value.retry_after_s is None  # can never fit: no retry hint
+    assert registry.open_many(1)
+
+
 def test_trajectory_and_ttl_codec_round_trip():
     trajectory = AgentTrajectory(
         [AgentSequence([5, 6, 7], [0, 1, 1], [0.0, -0.5, -0.25], [2, 3, 3])], 2, 4, 1
@@ -78,6 +95,8 @@ def test_trajectory_and_ttl_codec_round_trip():
     assert decode_agent_trajectory(encode_agent_trajectory(trajectory)) == trajectory
     assert decode_open_agent_session_request(encode_open_agent_session_request(12.5)) == (12.5, None, None)
     assert decode_open_agent_session_request(encode_open_agent_session_request(0, None, 7))[2] == 7
+    many = encode_open_agent_sessions_request(16, 40.0, None, 3)
+    assert decode_open_agent_sessions_request(many) == (16, 40.0, None, 3)
     with pytest.raises(Exception, match="ttl_seconds"):
         decode_open_agent_session_request(encode_open_agent_session_request(-1))
 

@@ -386,6 +386,20 @@ class OpenAgentSessionResponse(_message.Message):
     expires_unix_ms: int
     def __init__(self, session_id: _Optional[str] = ..., expires_unix_ms: _Optional[int] = ...) -> None: ...
 
+class OpenAgentSessionsRequest(_message.Message):
+    __slots__ = ("session", "count")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    session: OpenAgentSessionRequest
+    count: int
+    def __init__(self, session: _Optional[_Union[OpenAgentSessionRequest, _Mapping]] = ..., count: _Optional[int] = ...) -> None: ...
+
+class OpenAgentSessionsResponse(_message.Message):
+    __slots__ = ("sessions",)
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[OpenAgentSessionResponse]
+    def __init__(self, sessions: _Optional[_Iterable[_Union[OpenAgentSessionResponse, _Mapping]]] = ...) -> None: ...
+
 class GetAgentTrajectoryRequest(_message.Message):
     __slots__ = ("session_id", "close")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

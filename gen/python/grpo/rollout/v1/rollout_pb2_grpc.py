@@ -92,6 +92,11 @@ class RolloutServiceStub:
                 request_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenAgentSessionRequest.SerializeToString,
                 response_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenAgentSessionResponse.FromString,
                 _registered_method=True)
+        self.OpenAgentSessions = channel.unary_unary(
+                '/grpo.rollout.v1.RolloutService/OpenAgentSessions',
+                request_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenAgentSessionsRequest.SerializeToString,
+                response_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenAgentSessionsResponse.FromString,
+                _registered_method=True)
         self.GetAgentTrajectory = channel.unary_unary(
                 '/grpo.rollout.v1.RolloutService/GetAgentTrajectory',
                 request_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.GetAgentTrajectoryRequest.SerializeToString,
@@ -198,6 +203,15 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenAgentSessions(self, request, context):
+        """Opens `count` sessions alike, each as OpenAgentSession would, in one
+        call (a trainer opens a step's sessions together): all or none.
+        RESOURCE_EXHAUSTED when fewer than `count` more fit `gateway.max_sessions`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetAgentTrajectory(self, request, context):
         """The session's calls as training sequences: exact prompt and sampled ids,
         one sequence per branch of the conversation. NOT_FOUND for an unknown or
@@ -266,6 +280,11 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.OpenAgentSession,
                     request_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenAgentSessionRequest.FromString,
                     response_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenAgentSessionResponse.SerializeToString,
+            ),
+            'OpenAgentSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenAgentSessions,
+                    request_deserializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenAgentSessionsRequest.FromString,
+                    response_serializer=grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenAgentSessionsResponse.SerializeToString,
             ),
             'GetAgentTrajectory': grpc.unary_unary_rpc_method_handler(
                     servicer.GetAgentTrajectory,
@@ -556,6 +575,33 @@ class RolloutService:
             '/grpo.rollout.v1.RolloutService/OpenAgentSession',
             grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenAgentSessionRequest.SerializeToString,
             grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenAgentSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenAgentSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grpo.rollout.v1.RolloutService/OpenAgentSessions',
+            grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenAgentSessionsRequest.SerializeToString,
+            grpo_dot_rollout_dot_v1_dot_rollout__pb2.OpenAgentSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
