@@ -37,6 +37,7 @@ from transformers import PreTrainedTokenizerBase
 
 from grpo_runtime.env_types import Episode, EpisodeReward, StepOutcome, ToolCall, ToolResult
 from grpo_runtime.errors import InvalidArgument
+from grpo_runtime.off_loop import off_loop_unless
 from grpo_runtime.tokenizing import decode_text
 from rollout_service.core.scheduler import Caller
 from rollout_service.core.tool_calls import ParsedCall, ToolSuffixer, malformed_result, parse_tool_calls
@@ -57,8 +58,8 @@ from rollout_service.types import (
 log = logging.getLogger(__name__)
 
 DEFAULT_TARGET = "default"
-# Tool results up to this many characters in all are rendered on the event loop (about 0.1 ms): a thread
-# hop, with the GIL handoffs of a dozen episodes' hops at once, costs more than the render.
+# Tool results up to this many characters in all are rendered on the event loop (about 0.1 ms):
+# grpo_runtime.off_loop.
 INLINE_SUFFIX_CHARS = 4096
 
 
@@ -343,10 +344,8 @@ class EpisodeRunner:
                 raise
             state.tool_failures += sum(r.error for r in outcome.results)
             results = list(outcome.results)
-            if sum(len(r.content) for r in results) <= INLINE_SUFFIX_CHARS:
-                suffix = self._suffixer.suffix_ids(results)
-            else:
-                suffix = await asyncio.to_thread(self._suffixer.suffix_ids, results)
+            small = sum(len(r.content) for r in results) <= INLINE_SUFFIX_CHARS
+            suffix = await off_loop_unless(small, self._suffixer.suffix_ids, results)
             # The next turn needs room for at least one token (TRL drops results that would overflow).
             if (
                 len(state.tokens) + len(suffix) >= sampling.max_tokens

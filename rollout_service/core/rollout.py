@@ -20,6 +20,7 @@ from transformers import PreTrainedTokenizerBase
 from grpo_runtime.compute_thread import ComputeThread
 from grpo_runtime.errors import FailedPrecondition, ResourceExhausted
 from grpo_runtime.images import ImageLimits
+from grpo_runtime.off_loop import off_loop_unless
 from grpo_runtime.tokenizing import decode_text
 from rollout_service import memory
 from rollout_service.core.episodes import EnvironmentBackend, EpisodeRunner
@@ -52,6 +53,18 @@ from rollout_service.weights import (
     validate_payload,
     validate_tensors,
 )
+
+# A request of token ids up to this many in all is checked on the event loop, and results up to this many
+# sampled tokens are decoded there (each well under a millisecond).
+INLINE_TOKENS = 4096
+
+
+def small_prompts(request: GenerateRequest) -> bool:
+    """Whether every prompt is token ids and they are at most ``INLINE_TOKENS`` in all (no template to
+    render, no text to tokenize)."""
+    if any(p.messages or p.text for p in request.prompts):
+        return False
+    return sum(len(p.token_ids) for p in request.prompts) <= INLINE_TOKENS
 
 
 class RolloutCore:
@@ -155,7 +168,8 @@ class RolloutCore:
         (:meth:`register_caller`).
 
         Tokenizing, decoding and checking run in worker threads: a request of thousands of long
-        prompts must not hold the event loop that serves every other caller.
+        prompts must not hold the event loop that serves every other caller. Those of a request of token
+        ids, and decoding results, up to ``INLINE_TOKENS`` in all run on the loop (``grpo_runtime.off_loop``).
         """
         if self.generates_in_flight >= self.max_concurrent_generates:
             raise ResourceExhausted(
@@ -169,11 +183,12 @@ class RolloutCore:
                 sampling = await asyncio.to_thread(self.episodes.check, request)
                 self.sleep_state.check_generate()
                 return await self.episodes.run(request, sampling)
-            job = await asyncio.to_thread(self.validator.to_job, request)
+            job = await off_loop_unless(small_prompts(request), self.validator.to_job, request)
             await self.version_waits.reach(job.min_policy_version)
             self.sleep_state.check_generate()
             await self._scheduler.submit(job, caller)
-            return await asyncio.to_thread(self._completions, request, job)
+            small = sum(len(raw.token_ids) for raw in job.results) <= INLINE_TOKENS
+            return await off_loop_unless(small, self._completions, request, job)
         finally:
             self.generates_in_flight -= 1
 

@@ -23,6 +23,7 @@ from grpo_runtime.config import ServerConfig
 from grpo_runtime.errors import InvalidArgument, NotFound, ResourceExhausted, ServiceError
 from grpo_runtime.http_companion import HttpCompanion
 from grpo_runtime.http_metrics import HttpMetrics
+from grpo_runtime.off_loop import off_loop_unless
 from rollout_service.gateway import openai_codec
 from rollout_service.gateway.service import AgentGateway
 from rollout_service.gateway.types import Answer
@@ -31,6 +32,10 @@ from rollout_service.settings import GatewaySettings
 log = logging.getLogger(__name__)
 
 SESSION_PREFIX = "/sessions/{session_id}"
+# A body up to this size is parsed, decoded and its prompt rendered on the event loop (about 1.5 ms at
+# most), an answer of up to this many sampled tokens encoded there: grpo_runtime.off_loop.
+INLINE_BODY_BYTES = 2048
+INLINE_ANSWER_TOKENS = 1024
 _STATUS_TYPES = {
     400: "invalid_request_error",
     404: "not_found_error",
@@ -117,13 +122,15 @@ class GatewayHttpApi:
         return web.json_response(body)
 
     async def _serve(self, request: web.Request, prompt_field: str, decode, serve) -> web.StreamResponse:
-        """Session check, body, decode (worker thread), one gateway call, the answer whole or streamed."""
+        """Session check, body, decode, one gateway call, the answer whole or streamed; a large body's
+        decoding and rendering, and a long answer's encoding, in worker threads."""
         session_id = request.match_info.get("session_id")
         try:
             self._gateway.check_session(session_id)
-            body = await self._json(request)
-            call = await asyncio.to_thread(decode, body, self._settings)
-            answer = await serve(call, session_id)
+            raw = await self._body(request)
+            small = len(raw) <= INLINE_BODY_BYTES
+            call = await off_loop_unless(small, self._decode, raw, decode)
+            answer = await serve(call, session_id, small=small)
         except web.HTTPRequestEntityTooLarge:
             return error_response(
                 413,
@@ -141,21 +148,26 @@ class GatewayHttpApi:
             return self._error(exc, prompt_field)
         if call.stream:
             return await self._stream(request, answer, call.include_usage, call.return_token_ids)
-        encoded = await asyncio.to_thread(
-            openai_codec.encode_answer, answer, return_token_ids=call.return_token_ids
+        small = sum(len(choice.token_ids) for choice in answer.choices) <= INLINE_ANSWER_TOKENS
+        encoded = await off_loop_unless(
+            small, openai_codec.encode_answer, answer, return_token_ids=call.return_token_ids
         )
         return web.json_response(encoded)
 
-    async def _json(self, request: web.Request):
+    async def _body(self, request: web.Request) -> bytes:
         try:
             async with asyncio.timeout(self._settings.body_timeout_s):
-                raw = await request.read()
+                return await request.read()
         except TimeoutError:
             raise _SlowBody() from None
+
+    def _decode(self, raw: bytes, decode):
+        """The body parsed as JSON and decoded into the endpoint's request."""
         try:
-            return await asyncio.to_thread(json.loads, raw)
+            body = json.loads(raw)
         except (ValueError, RecursionError) as exc:
             raise InvalidArgument(f"the body is not valid JSON: {exc}"[:300]) from None
+        return decode(body, self._settings)
 
     @staticmethod
     async def _stream(

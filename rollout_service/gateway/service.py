@@ -14,7 +14,6 @@ function parse the same way — the model is not constrained to call, nor to cal
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import re
 import time
@@ -22,6 +21,7 @@ import uuid
 from typing import Literal
 
 from grpo_runtime.errors import InvalidArgument, NotFound
+from grpo_runtime.off_loop import off_loop_unless
 from grpo_runtime.tokenizing import decode_text
 from rollout_service.core.rollout import RolloutCore
 from rollout_service.core.tool_calls import TOOL_CALL, parse_tool_calls
@@ -114,10 +114,13 @@ class AgentGateway:
         return self._core.validator.max_model_len
 
     # ------------------------------------------------------------ endpoints
-    async def chat(self, request: ChatRequest, session_id: str | None) -> Answer:
+    async def chat(self, request: ChatRequest, session_id: str | None, *, small: bool = False) -> Answer:
+        """``small``: the request is small enough (the HTTP layer checked its body's size) to render its
+        prompt on the event loop; otherwise that runs in a worker thread."""
         session = self._admit(session_id)
         calls = list(session.calls) if session is not None else []
-        plan = await asyncio.to_thread(self._renderer.chat_prompt, calls, request.messages, request.tools)
+        render = self._renderer.chat_prompt
+        plan = await off_loop_unless(small, render, calls, request.messages, request.tools)
         results = await self._generate(plan.prompt_ids, request.n, request.sampling, session)
         parse = bool(request.tools) and request.tool_choice != "none"
         choices = [
@@ -128,7 +131,10 @@ class AgentGateway:
             self._record(session, "chat", plan, results, choices, request.messages, tools_key(request.tools))
         return self._answer("chat", plan.prompt_ids, choices)
 
-    async def complete(self, request: CompletionRequest, session_id: str | None) -> Answer:
+    async def complete(
+        self, request: CompletionRequest, session_id: str | None, *, small: bool = False
+    ) -> Answer:
+        """``small``: as for :meth:`chat`."""
         session = self._admit(session_id)
         if isinstance(request.prompt, str) and len(request.prompt) > self.max_model_len * MAX_CHARS_PER_TOKEN:
             raise InvalidArgument(
@@ -137,7 +143,7 @@ class AgentGateway:
                 field="prompt",
             )
         calls = list(session.calls) if session is not None else []
-        plan = await asyncio.to_thread(self._renderer.completion_prompt, calls, request.prompt)
+        plan = await off_loop_unless(small, self._renderer.completion_prompt, calls, request.prompt)
         results = await self._generate(plan.prompt_ids, request.n, request.sampling, session)
         choices = [self._choice(i, r, request.logprobs is not None) for i, r in enumerate(results)]
         if session is not None:

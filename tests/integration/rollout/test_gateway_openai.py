@@ -24,6 +24,7 @@ from transformers import AutoModelForCausalLM
 from grpo_runtime.call_errors import ServiceCallError
 from grpo_runtime.errors import NotFound
 from rollout_service.client import RolloutClient
+from rollout_service.gateway.http_app import INLINE_BODY_BYTES
 from rollout_service.gateway.service import AgentGateway
 from rollout_service.server import binding, build_core, build_gateway
 from rollout_service.settings import GatewaySettings, RolloutSettings
@@ -328,6 +329,17 @@ def test_a_steps_sessions_open_in_one_call(running, rollout):
     finally:
         for ticket in tickets:
             rollout.close_agent_session(ticket.session_id)
+
+
+def test_a_body_too_large_to_decode_inline_is_served_the_same(running):
+    """A body over INLINE_BODY_BYTES is decoded and its prompt rendered in a worker thread: the same answer
+    (greedy) as the same request in a small body. The bulk is a field the gateway ignores (``user``)."""
+    sdk = running.sdk()
+    small, large = (
+        ask(sdk, [QUESTION], seed=3, max_tokens=6, temperature=0.0, user=user) for user in ("a", "a" * 4096)
+    )
+    assert len(chat_body(user="a" * 4096)) > INLINE_BODY_BYTES
+    assert large.choices[0].token_ids == small.choices[0].token_ids
 
 
 def test_a_sessions_calls_wait_for_the_version_it_was_opened_for(running, rollout):
