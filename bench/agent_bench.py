@@ -1,6 +1,6 @@
 """Agents through the OpenAI-compatible gateway: an OpenAI-SDK agent vs the rollout service's episode loop.
 
-    python bench/agent_bench.py [--steps 8] [--rounds 2] [--latency-rounds 8]
+    python bench/agent_bench.py [--steps 8] [--rounds 2] [--latency-rounds 8] [--sdk-rounds 20]
                                 [--out bench/results/agents.json]
 
 One reward service and one HF-engine rollout service on 127.0.0.1, the rollout service started as users
@@ -41,6 +41,13 @@ start it for agents (``--openai-port``), its episodes' default environment the r
    (nearest rank, as in ``reward_bench.py``), each round's p50, and gateway ÷ in-process ratios. Runs
    before part 1, while the service still serves the base weights as the in-process core does.
 
+3. The agent's own SDK, to tell what the agent path costs from what the agent costs: CPU seconds of the
+   bench process per ``chat.completions.create`` call made as the agent makes them (``--batch-size`` at
+   once, ``--sdk-rounds`` times) against a server in another process that answers a reply the gateway gave
+   in part 2. ``cpu_s_per_step`` = that × the agent run's calls per episode (a second call after a
+   calculator call) × episodes per step; ``floor_ratio`` = (own-loop step + that) ÷ own-loop step, the ratio
+   of an agent path that cost nothing but the SDK's CPU, were all of it on the step's critical path.
+
 The results file is written whole, with the machine and the 1-minute load average at start and end.
 """
 
@@ -51,6 +58,7 @@ import asyncio
 import json
 import os
 import platform
+import socket
 import statistics
 import sys
 import tempfile
@@ -63,6 +71,7 @@ from typing import Any
 
 import openai
 import torch
+from aiohttp import web
 from e2e_bench import source_commit, trio_run
 
 from grpo_runtime.agent_server import RunEpisode, run_agent
@@ -304,6 +313,14 @@ async def bench_latency(model: Path, rollout: str, gateway_url: str, task: dict,
         reply = await chat(agents[0], extra_body={"return_token_ids": True})
         if list(reply.prompt_token_ids) != prompt_ids:
             raise RuntimeError("the gateway rendered other prompt ids than the in-process baseline")
+        canned = (
+            await agents[1].chat.completions.with_raw_response.create(
+                model="policy",
+                messages=messages,
+                tools=[CALCULATOR_TOOL],
+                max_tokens=args.max_tokens_per_call,
+            )
+        ).content
         waves = {
             "gateway": lambda: timed_wave([lambda a=a: gateway_call(a) for a in agents]),
             "in_process": lambda: timed_wave([local_call] * args.sessions),
@@ -314,7 +331,7 @@ async def bench_latency(model: Path, rollout: str, gateway_url: str, task: dict,
                 done = await waves[name]()
                 if round_:
                     rounds[name].append(done)
-        return rounds
+        return rounds, canned
     finally:
         for agent in agents:
             await agent.close()
@@ -322,6 +339,85 @@ async def bench_latency(model: Path, rollout: str, gateway_url: str, task: dict,
             await asyncio.to_thread(client.close_agent_session, ticket.session_id)
         client.close()
         await core.close()
+
+
+# -------------------------------------------------------------------------- part 3: the agent's own SDK
+def serve_canned_reply(port: int, reply: bytes) -> None:
+    """Answers every chat-completions POST on 127.0.0.1:``port`` with ``reply`` (a spawned process's target):
+    the far side of the SDK-cost measurement, in a process of its own so that its CPU is not counted."""
+
+    async def answer(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=reply, content_type="application/json")
+
+    async def serve() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
+def wait_listening(port: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+async def sdk_cpu_per_call(reply: bytes, messages: list[dict[str, Any]], args: argparse.Namespace) -> float:
+    """CPU seconds of this process per ``chat.completions.create`` call made as the agent makes its calls (a
+    client per base URL from one shared client, the same request), ``--batch-size`` at once, against a
+    server in another process answering ``reply``, a reply the gateway gave."""
+    port = free_port()
+    process = get_context("spawn").Process(target=serve_canned_reply, args=(port, reply), daemon=True)
+    process.start()
+    shared = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+    try:
+        await asyncio.to_thread(wait_listening, port)
+
+        async def call() -> None:
+            client = shared.with_options(base_url=f"http://127.0.0.1:{port}/v1")
+            await client.chat.completions.create(
+                model="policy",
+                messages=messages,
+                tools=[CALCULATOR_TOOL],
+                temperature=1.0,
+                max_tokens=args.max_tokens_per_call,
+            )
+
+        for _ in range(3):  # warm-up: connections, the SDK's lazy imports
+            await asyncio.gather(*(call() for _ in range(args.batch_size)))
+        started = time.process_time()
+        for _ in range(args.sdk_rounds):
+            await asyncio.gather(*(call() for _ in range(args.batch_size)))
+        return (time.process_time() - started) / (args.sdk_rounds * args.batch_size)
+    finally:
+        await shared.close()
+        process.terminate()
+        process.join(10)
+
+
+def sdk_floor(cpu_per_call: float, tool_calls: list[int], episodes_per_step: int, own_step_s: float) -> dict:
+    """What the agent's SDK alone adds to a step: its calls per step (an episode makes a second call when
+    its first reply called the calculator; ``max_turns`` 2) × CPU per call, and the agent ÷ own-loop ratio
+    an agent path that cost nothing else would reach, were that CPU all on the step's critical path."""
+    calls_per_episode = 1 + statistics.fmean(calls > 0 for calls in tool_calls)
+    per_step = cpu_per_call * calls_per_episode * episodes_per_step
+    return {
+        "cpu_s_per_call": cpu_per_call,
+        "calls_per_episode": calls_per_episode,
+        "cpu_s_per_step": per_step,
+        "floor_ratio": (own_step_s + per_step) / own_step_s,
+    }
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -343,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=32, help="concurrent gateway sessions (latency)")
     parser.add_argument("--latency-rounds", type=int, default=8)
     parser.add_argument("--latency-max-tokens", type=int, default=16)
+    parser.add_argument("--sdk-rounds", type=int, default=20, help="batches of SDK calls timed (part 3)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/agents.json")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -356,7 +453,10 @@ def main(argv: list[str] | None = None) -> int:
         services, gateway_url = start_services(args.model, root / "logs", stack)
         episodes_log = root / "agent-episodes.jsonl"
         agent = start_agent(sampling, episodes_log, stack)
-        latency = asyncio.run(bench_latency(args.model, services.rollout_target, gateway_url, task, args))
+        latency, canned = asyncio.run(
+            bench_latency(args.model, services.rollout_target, gateway_url, task, args)
+        )
+        sdk_cpu = asyncio.run(sdk_cpu_per_call(canned, question_messages(task), args))
         for round_ in range(args.rounds):
             for mode in MODES if round_ % 2 == 0 else reversed(MODES):
                 print(f"== round {round_}: {mode}", flush=True)
@@ -366,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
                 run = bench_agent(config, episodes_log) if mode == "agent" else bench_own_loop(config)
                 runs[mode].append(run)
     agent_run, own = (summarize(runs[mode], args.batch_size) for mode in MODES)
+    agent_tool_calls = [calls for run in runs["agent"] for calls in run["tool_calls"]]
     gateway, in_process = latency_summary(latency["gateway"]), latency_summary(latency["in_process"])
     report = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
@@ -401,6 +502,7 @@ def main(argv: list[str] | None = None) -> int:
                 for a, b in zip(runs["agent"], runs["own_loop"], strict=True)
             ],
         },
+        "agent_sdk": sdk_floor(sdk_cpu, agent_tool_calls, args.batch_size, own["step_s"]),
         "chat_latency": {
             "gateway": gateway,
             "in_process": in_process,
