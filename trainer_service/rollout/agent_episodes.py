@@ -145,7 +145,7 @@ class SessionOpener:
 
     def __init__(self, rollout: RolloutClient, ttl_s: float, sampling: Mapping[str, Any], version: int):
         self._rollout = rollout
-        self._open = {"ttl_s": ttl_s, "sampling": sampling, "min_policy_version": version}
+        self._ttl_s, self._sampling, self._version = ttl_s, sampling, version
         self._calls: Coalescer[None, SessionTicket] = Coalescer(
             self._send, max_batch=MAX_SESSIONS_PER_OPEN, orphan=self._close
         )
@@ -154,7 +154,13 @@ class SessionOpener:
         return await self._calls.call(None)
 
     async def _send(self, items: list[None]) -> AsyncIterator[tuple[int, SessionTicket]]:
-        tickets = await asyncio.to_thread(self._rollout.open_agent_sessions, len(items), **self._open)
+        tickets = await asyncio.to_thread(
+            self._rollout.open_agent_sessions,
+            len(items),
+            self._ttl_s,
+            sampling=self._sampling,
+            min_policy_version=self._version,
+        )
         for index, ticket in enumerate(tickets):
             yield index, ticket
 
