@@ -35,6 +35,7 @@ from grpo_runtime.agent_client import AgentClient, EpisodeTask
 from grpo_runtime.batch_calls import Coalescer
 from grpo_runtime.call_errors import ServiceCallError
 from grpo_runtime.client import ChannelConfig
+from grpo_runtime.loop_thread import LoopThread
 from rollout_service.client import AgentTrajectory, FinishReason, RolloutClient, SessionTicket
 from trainer_service.config.agents import AgentsConfig
 from trainer_service.config.run_config import RunConfig
@@ -202,6 +203,18 @@ class AgentEpisodes:
         self._tasks: dict[str, dict[str, Any]] = {}
         for row in rows:
             self._tasks.setdefault(prompt_key(row["prompt"]), {k: jsonable(v) for k, v in row.items()})
+        # One loop for every batch, and on it one channel to the agent, connected once for the run.
+        self._loop = LoopThread("agent-episodes")
+        self._client: AgentClient | None = None
+
+    def close(self) -> None:
+        """Closes the agent's channel and stops the episodes' loop thread."""
+        self._loop.close(self._close_client())
+
+    async def _close_client(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
     def task(self, prompt: Any) -> dict[str, Any]:
         """The row of ``prompt`` (just the prompt for one that is in no dataset)."""
@@ -222,7 +235,7 @@ class AgentEpisodes:
         streaming) and a failed episode is given."""
         if len(placements) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(placements)} placements")
-        return asyncio.run(self._play_all(prompts, placements, sampling, name, version))
+        return self._loop.run(self._play_all(prompts, placements, sampling, name, version))
 
     async def _play_all(
         self,
@@ -237,13 +250,21 @@ class AgentEpisodes:
         openers = {
             id(place.rollout): SessionOpener(place.rollout, ttl_s, sampling, version) for place in placements
         }
-        async with AgentClient(self.agent) as agent:
-            table = _Table(agent, openers, version, slots)
-            episodes = [
-                self._episode(table, place, self.task(prompt), f"{name}-{index}", version)
-                for index, (prompt, place) in enumerate(zip(prompts, placements, strict=True))
-            ]
+        if self._client is None:
+            self._client = AgentClient(self.agent)
+        table = _Table(self._client, openers, version, slots)
+        episodes = [
+            asyncio.ensure_future(self._episode(table, place, self.task(prompt), f"{name}-{index}", version))
+            for index, (prompt, place) in enumerate(zip(prompts, placements, strict=True))
+        ]
+        try:
             return list(await asyncio.gather(*episodes))
+        except BaseException:
+            # The loop outlives this batch: the others stop here (closing their sessions), not later.
+            for episode in episodes:
+                episode.cancel()
+            await asyncio.gather(*episodes, return_exceptions=True)
+            raise
 
     async def _episode(
         self, table: _Table, place: Placement, task: dict[str, Any], name: str, version: int

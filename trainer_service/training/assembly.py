@@ -247,6 +247,8 @@ def build_rollout(
         if agents is None
         else AgentRollout(replicas, sync, sampling, group, agents, retry_timeout_s=retry_timeout_s)
     )
+    if agents is not None:
+        stack.callback(agents.close)
     func: ServiceRollout | AsyncServiceRollout = service_rollout
     if t.rollout.async_rollout:
         cores = None

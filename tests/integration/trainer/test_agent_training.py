@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import math
 
+import grpc
 import openai
 import pytest
 
+from grpo_runtime.call_errors import ServiceCallError
 from grpo_runtime.client import ChannelConfig
 from rollout_service.client import FinishReason, RolloutClient
 from rollout_service.settings import RolloutSettings
@@ -20,7 +22,7 @@ from tests.support.agents import python_agent, rollout_with_gateway
 from trainer_service.config.agents import AgentsConfig
 from trainer_service.config.run_config import parse_config
 from trainer_service.core.types import RunState
-from trainer_service.local.launcher import start_local_services
+from trainer_service.local.launcher import free_port, start_local_services
 from trainer_service.rollout.agent_episodes import (
     AgentEpisodes,
     Placement,
@@ -37,6 +39,8 @@ SAMPLED: dict[str, list[list[int]]] = {}
 # The gateways the agent was sent to (the base URL before /sessions).
 GATEWAYS: set[str] = set()
 FLAKY_TRIES: dict[str, int] = {}
+# Base URLs the "slow" question's episodes were given.
+SLOW_URLS: list[str] = []
 
 
 async def chat_agent(task, base_url, deadline):
@@ -48,6 +52,9 @@ async def chat_agent(task, base_url, deadline):
         await asyncio.sleep(30)
     if question == "nan":
         return math.nan, {}
+    if question == "slow":
+        SLOW_URLS.append(base_url)
+        await asyncio.sleep(5)
     if question == "flaky" and FLAKY_TRIES.setdefault(question, 0) == 0:
         FLAKY_TRIES[question] += 1
         raise RuntimeError("first try fails")
@@ -93,7 +100,10 @@ def test_failed_episodes_are_retried_then_masked_and_trained_tokens_are_the_gate
     with RolloutClient(rollout_address, timeout_s=60) as rollout:
         place = Placement(rollout, gateway_url)
         sampling = {"temperature": 1.0, "max_tokens": 3}
-        played = episodes.play(prompts, [place] * len(prompts), sampling, "step0", version=0)
+        try:
+            played = episodes.play(prompts, [place] * len(prompts), sampling, "step0", version=0)
+        finally:
+            episodes.close()
     ok, crashed, hung, nan, flaky = played
     for completion, question in ((ok, questions[0]), (flaky, "flaky")):
         assert completion.finish_reason == FinishReason.STOP
@@ -113,6 +123,29 @@ def test_failed_episodes_are_retried_then_masked_and_trained_tokens_are_the_gate
     assert metrics["agents/failed_episodes"] == 3.0
     assert metrics["agents/retried_episodes"] == 4.0
     assert metrics["agents/retokenized_tokens"] == 0.0 and metrics["agents/prefix_mismatches"] == 0.0
+
+
+def test_a_failing_replica_stops_the_other_episodes_of_its_batch(gateway_rollout, agent_target):
+    """A rollout service's failure is the step's (it propagates, and the step's generation is retried); the
+    batch's other episodes stop then, their sessions closed, not left running on the trainer's loop."""
+    rollout_address, gateway_url = gateway_rollout
+    config = AgentsConfig(target=agent_target, gateway_url=gateway_url, episode_timeout_s=30.0)
+    rows = [{"prompt": [{"role": "user", "content": q}]} for q in ("slow", "What is 2 + 2?")]
+    episodes = AgentEpisodes(config, ChannelConfig(target=agent_target), rows)
+    down = f"127.0.0.1:{free_port()}"  # nothing listens: its opens fail once their 1 s of retries is spent
+    with (
+        RolloutClient(rollout_address, timeout_s=60) as live,
+        RolloutClient(down, retry_budget_s=1.0) as dead,
+    ):
+        places = [Placement(live, gateway_url), Placement(dead, gateway_url)]
+        try:
+            with pytest.raises(ServiceCallError) as failed:
+                episodes.play([row["prompt"] for row in rows], places, {"max_tokens": 3}, "step0", version=0)
+            assert failed.value.code == grpc.StatusCode.UNAVAILABLE
+            with pytest.raises(openai.NotFoundError):  # the slow episode's session is gone already
+                openai.OpenAI(base_url=SLOW_URLS[-1], api_key="unused", max_retries=0).models.list()
+        finally:
+            episodes.close()
 
 
 def test_the_sessions_asked_for_together_open_in_one_call(gateway_rollout):
