@@ -166,8 +166,17 @@ class SessionOpener:
             yield index, ticket
 
     def _close(self, ticket: SessionTicket) -> None:
-        """A session opened for an episode that stopped waiting: closed at once, not left to expire."""
-        asyncio.get_running_loop().run_in_executor(None, self._rollout.close_agent_session, ticket.session_id)
+        """A session opened for an episode that stopped waiting: closed at once, not left to expire (a
+        failure to close it is logged; it then expires)."""
+        closing = asyncio.get_running_loop().run_in_executor(
+            None, self._rollout.close_agent_session, ticket.session_id
+        )
+        closing.add_done_callback(_log_close_failure)
+
+
+def _log_close_failure(closing: asyncio.Future[bool]) -> None:
+    if not closing.cancelled() and closing.exception() is not None:
+        log.warning("closing an orphaned agent session failed: %s", closing.exception())
 
 
 @dataclass(frozen=True)
@@ -176,8 +185,7 @@ class _Table:
     the concurrency slots."""
 
     agent: AgentClient
-    openers: dict[int, SessionOpener]
-    version: int
+    openers: dict[RolloutClient, SessionOpener]
     slots: asyncio.Semaphore
 
 
@@ -248,11 +256,11 @@ class AgentEpisodes:
         slots = asyncio.Semaphore(self.config.max_concurrent_episodes)
         ttl_s = self.config.episode_timeout_s + SESSION_GRACE_S
         openers = {
-            id(place.rollout): SessionOpener(place.rollout, ttl_s, sampling, version) for place in placements
+            place.rollout: SessionOpener(place.rollout, ttl_s, sampling, version) for place in placements
         }
         if self._client is None:
             self._client = AgentClient(self.agent)
-        table = _Table(self._client, openers, version, slots)
+        table = _Table(self._client, openers, slots)
         episodes = [
             asyncio.ensure_future(self._episode(table, place, self.task(prompt), f"{name}-{index}", version))
             for index, (prompt, place) in enumerate(zip(prompts, placements, strict=True))
@@ -286,7 +294,7 @@ class AgentEpisodes:
         self, table: _Table, place: Placement, task: dict[str, Any], episode_id: str
     ) -> AgentCompletion:
         timeout_s, rollout = self.config.episode_timeout_s, place.rollout
-        ticket = await table.openers[id(rollout)].open()
+        ticket = await table.openers[rollout].open()
         read = False
         try:
             request = EpisodeTask(
