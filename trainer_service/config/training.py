@@ -295,7 +295,7 @@ class TrainingConfig(StrictModel):
     )
     resume_from_checkpoint: str | bool | None = Field(
         default=None,
-        description="A checkpoint directory, or true = the newest checkpoint in the output dir.",
+        description="A checkpoint directory, or true = the newest complete checkpoint in the output dir.",
     )
     guards: GuardsConfig | None = Field(
         default=None,

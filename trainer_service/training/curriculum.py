@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,11 @@ class Curriculum:
         self.attempts = {str(k): int(v) for k, v in state["attempts"].items()}
 
     def save(self, directory: Path) -> None:
-        (Path(directory) / CURRICULUM_FILE).write_text(json.dumps(self.state_dict()))
+        """Write the counts beside a checkpoint; replaced whole, so a kill mid-write leaves no torn file."""
+        path = Path(directory) / CURRICULUM_FILE
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(json.dumps(self.state_dict()))
+        os.replace(partial, path)
 
     def load(self, directory: Path) -> bool:
         """Load the counts saved in a checkpoint directory; False when it has none."""

@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase, set_seed
-from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 
 from grpo_runtime.call_errors import ServiceCallError
@@ -58,6 +57,7 @@ from trainer_service.training.assembly import (
 from trainer_service.training.batch_sizing import resolve_batch_size
 from trainer_service.training.builders import Device
 from trainer_service.training.callbacks import EVAL_METRICS_FILE, METRICS_FILE, StopFlag, plot_reward_curve
+from trainer_service.training.checkpoints import is_complete, last_complete_checkpoint
 from trainer_service.training.data import REWARD_METADATA, read_split
 from trainer_service.training.importance_sampling import ImportanceSamplingPlan, resolve_importance_sampling
 from trainer_service.training.job_settings import Endpoints, JobSettings
@@ -211,15 +211,20 @@ def reward_requirements(client: RewardClient, terms: Sequence[RewardTerm]) -> di
 
 
 def resolve_checkpoint(config: RunConfig, resume: bool) -> str | None:
-    """The checkpoint to resume from: ``training.resume_from_checkpoint`` (a path, or true = newest in the
-    output dir), or the newest one when ``resume`` is requested; None starts fresh."""
+    """The checkpoint to resume from: ``training.resume_from_checkpoint`` (a path, or true = the newest
+    complete one in the output dir), or the newest complete one when ``resume`` is requested; None starts
+    fresh. Complete: see :mod:`~trainer_service.training.checkpoints`."""
     wanted = config.training.resume_from_checkpoint
+    key = "training.resume_from_checkpoint"
     if isinstance(wanted, str):
         if not Path(wanted).is_dir():
-            raise ConfigError(f"checkpoint {wanted!r} does not exist", key="training.resume_from_checkpoint")
+            raise ConfigError(f"checkpoint {wanted!r} does not exist", key=key)
+        if not is_complete(Path(wanted)):
+            raise ConfigError(f"checkpoint {wanted!r} has no readable trainer_state.json", key=key)
         return wanted
     if (wanted is True or resume) and config.output_dir.is_dir():
-        return get_last_checkpoint(str(config.output_dir))
+        newest = last_complete_checkpoint(config.output_dir)
+        return str(newest) if newest else None
     return None
 
 

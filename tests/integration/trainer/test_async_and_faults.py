@@ -30,6 +30,7 @@ from trainer_service.config.run_config import parse_config
 from trainer_service.core.types import RunState
 from trainer_service.local.launcher import ServiceProcess, free_port, start_service
 from trainer_service.training.callbacks import read_metrics
+from trainer_service.training.checkpoints import last_complete_checkpoint
 from trainer_service.training.job import run_job
 
 pytestmark = pytest.mark.slow
@@ -161,7 +162,9 @@ def test_trainer_process_killed_then_resumed_reaches_the_same_final_step(
     tiny_models, services, train_file, tmp_path
 ):
     """SIGKILL the `trainer_service train` process once checkpoint-2 exists; `train --resume` continues from
-    that checkpoint (metrics of steps after it are rewritten once) and ends at max_steps."""
+    the newest complete checkpoint (metrics of steps after it are rewritten once) and ends at max_steps. The
+    next checkpoint is left as a kill mid-save leaves it (a torn trainer_state.json), whether or not the
+    kill itself landed there: the resume passes over it and saves that step again."""
     output = tmp_path / "killed"
     config = run_config(
         tiny_models,
@@ -196,6 +199,11 @@ def test_trainer_process_killed_then_resumed_reaches_the_same_final_step(
     killed_at = len(read_metrics(metrics))
     assert 3 <= killed_at < 6
     assert not (output / "adapter_model.safetensors").exists()
+    complete = last_complete_checkpoint(output)
+    assert complete is not None
+    cut_short = output / f"checkpoint-{int(complete.name.split('-')[1]) + 2}"
+    cut_short.mkdir(exist_ok=True)
+    (cut_short / "trainer_state.json").write_text('{"global_step": ')
 
     second = subprocess.run(
         [*command, "--resume"], env=env, capture_output=True, text=True, timeout=300, check=False

@@ -86,15 +86,42 @@ def test_lora_variants_and_full_finetune(tmp_path, tiny_models):
     assert all(p.dtype == torch.float32 for p in full.parameters())
 
 
+def saved_checkpoint(output_dir, step):
+    """A checkpoint directory as the HF Trainer leaves it once saving finished (its state file last)."""
+    checkpoint = output_dir / f"checkpoint-{step}"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return checkpoint
+
+
 def test_resolve_checkpoint(tmp_path):
     cfg = config(tmp_path)
     assert resolve_checkpoint(cfg, resume=True) is None  # nothing saved yet: start fresh
-    (cfg.output_dir / "checkpoint-2").mkdir(parents=True)
-    (cfg.output_dir / "checkpoint-10").mkdir()
+    saved_checkpoint(cfg.output_dir, 2)
+    saved_checkpoint(cfg.output_dir, 10)
     assert resolve_checkpoint(cfg, resume=True).endswith("checkpoint-10")
     assert resolve_checkpoint(cfg, resume=False) is None
     with pytest.raises(ConfigError) as caught:
         resolve_checkpoint(config(tmp_path, resume_from_checkpoint=str(tmp_path / "nope")), resume=False)
+    assert caught.value.key == "training.resume_from_checkpoint"
+
+
+def test_a_checkpoint_cut_short_while_saving_is_passed_over(tmp_path):
+    """A kill mid-save leaves a directory without trainer_state.json, or with a torn one: resume takes the
+    newest complete checkpoint instead, and naming an incomplete one is a config error."""
+    cfg = config(tmp_path)
+    saved_checkpoint(cfg.output_dir, 2)
+    weights_only = cfg.output_dir / "checkpoint-4"
+    weights_only.mkdir()
+    (weights_only / "adapter_model.safetensors").write_bytes(b"\0" * 16)
+    torn = saved_checkpoint(cfg.output_dir, 6)
+    (torn / "trainer_state.json").write_text('{"global_step": 6, "log_hist')
+    (cfg.output_dir / "checkpoint-8").write_text("a file, not a checkpoint")
+    assert resolve_checkpoint(cfg, resume=True) == str(cfg.output_dir / "checkpoint-2")
+    newest = resolve_checkpoint(config(tmp_path, resume_from_checkpoint=True), resume=False)
+    assert newest == str(cfg.output_dir / "checkpoint-2")
+    with pytest.raises(ConfigError, match=r"trainer_state\.json") as caught:
+        resolve_checkpoint(config(tmp_path, resume_from_checkpoint=str(weights_only)), resume=False)
     assert caught.value.key == "training.resume_from_checkpoint"
 
 
