@@ -11,8 +11,9 @@ and an optional cleanup; ``settings`` is the ``--config`` YAML without its ``ser
 
 Exit codes: 0 after a clean shutdown (or ``--help``); 2 for a usage or configuration error, one line
 on stderr naming the key (``reward_service: config error: server.port: Input should be ...``) —
-raised as a pydantic ValidationError, ConfigError, InvalidArgument or NotFound by ``build`` too; 1 when
-the port cannot be bound (one line) or the service fails for another reason (traceback logged).
+raised as a pydantic ValidationError, ConfigError, InvalidArgument or NotFound by ``build`` too;
+``EXIT_BIND_ERROR`` (3) when a port cannot be bound (one line), so a launcher that picked the port can tell
+"taken meanwhile" from a failure; 1 when the service fails for another reason (traceback logged).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from grpo_runtime.logging_setup import configure_logging
 from grpo_runtime.server import BindError, Cleanup, GrpcServer, ServiceBinding
 
 logger = logging.getLogger("grpo_runtime.cli")
+
+EXIT_BIND_ERROR = 3
 
 Build = Callable[[argparse.Namespace, dict[str, Any]], Awaitable[tuple[list[ServiceBinding], Cleanup | None]]]
 
@@ -156,7 +159,7 @@ def run_service(
         return 2
     except BindError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_BIND_ERROR
     except KeyboardInterrupt:  # a second Ctrl-C before the handlers were installed
         return 130
     except Exception:

@@ -5,6 +5,11 @@ unset, and by tests. Each service is the real ``python -m reward_service`` / ``p
 process; it is ready when its gRPC health check reports SERVING. ``HF_HUB_OFFLINE=1`` is set so nothing is
 downloaded.
 
+A port picked here (:func:`free_port`) is free when picked but is bound seconds later, after the service has
+imported torch and loaded its model; another process (a client's ephemeral port, another server) can take it
+meanwhile. A service that then exits with ``EXIT_BIND_ERROR`` is started again on fresh ports, up to
+``PORT_ATTEMPTS`` times; a port the caller chose is never retried.
+
 ``rollout_threads`` sizes the rollout service's torch pools (:mod:`trainer_service.rollout.cpu_placement`).
 The rollout service gets a fresh directory in ``/dev/shm`` as its ``weight_shm_dir`` (where that is a
 writable memory-backed directory), so the trainer on this host pushes weights through shared memory instead
@@ -14,6 +19,7 @@ of the gRPC stream; the directory is removed when the services stop.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -22,17 +28,35 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 from grpo_runtime.call_errors import ServiceCallError
+from grpo_runtime.cli import EXIT_BIND_ERROR
 from grpo_runtime.client import ChannelConfig, ServiceClient
 from trainer_service.config.agents import PORT_PLACEHOLDER, PYTHON_PLACEHOLDER
 
 SHARED_MEMORY_ROOT = Path("/dev/shm")
 SHARED_MEMORY_PREFIX = "grpo-weight-shm-"
+PORT_ATTEMPTS = 3
+Started = TypeVar("Started")
+
+logger = logging.getLogger(__name__)
+
+
+class ServiceExited(RuntimeError):
+    """A started service exited before its health check said SERVING."""
+
+    def __init__(self, name: str, returncode: int):
+        super().__init__(f"{name} exited with code {returncode} before it was ready")
+        self.returncode = returncode
+
+    @property
+    def port_taken(self) -> bool:
+        """It could not bind its port (taken between :func:`free_port` and its bind)."""
+        return self.returncode == EXIT_BIND_ERROR
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -51,7 +75,7 @@ def wait_serving(target: str, process: subprocess.Popen | None, timeout_s: float
     with ServiceClient(ChannelConfig(target=target, retry_max_attempts=1)) as client:
         while time.monotonic() < deadline:
             if process is not None and process.poll() is not None:
-                raise RuntimeError(f"{name} exited with code {process.returncode} before it was ready")
+                raise ServiceExited(name, process.returncode)
             try:
                 last = client.serving_status(timeout_s=2.0)
                 if last == "SERVING":
@@ -152,17 +176,42 @@ def start_agent(
     return agent
 
 
+def retry_on_taken_port(start: Callable[[], Started]) -> Started:
+    """``start()``, called again while it fails with a service that could not bind the port picked for it.
+
+    ``start`` picks fresh ports on each call and stops what it started before raising.
+    """
+    for _ in range(PORT_ATTEMPTS - 1):
+        try:
+            return start()
+        except ServiceExited as exited:
+            if not exited.port_taken:
+                raise
+            logger.warning("%s: its port was taken before it bound it; starting again on fresh ports", exited)
+    return start()
+
+
 def start_service(
-    module: str, args: Sequence[str] = (), *, startup_timeout_s: float = 180.0, **kwargs
+    module: str,
+    args: Sequence[str] = (),
+    *,
+    port: int | None = None,
+    startup_timeout_s: float = 180.0,
+    **kwargs,
 ) -> ServiceProcess:
-    """:func:`spawn_service`, then wait until it is SERVING (stopping it if it never is)."""
-    service = spawn_service(module, args, **kwargs)
-    try:
-        wait_serving(service.target, service.process, startup_timeout_s, module)
-    except BaseException:
-        service.stop(grace_s=5.0)
-        raise
-    return service
+    """:func:`spawn_service`, then wait until it is SERVING (stopping it if it never is); without ``port``,
+    on a fresh port again when the one picked was taken (:func:`retry_on_taken_port`)."""
+
+    def start() -> ServiceProcess:
+        service = spawn_service(module, args, port=port, **kwargs)
+        try:
+            wait_serving(service.target, service.process, startup_timeout_s, module)
+        except BaseException:
+            service.stop(grace_s=5.0)
+            raise
+        return service
+
+    return start() if port else retry_on_taken_port(start)
 
 
 @dataclass
@@ -252,6 +301,32 @@ def _settings_file(module: str, settings: dict, log_dir: Path | None) -> Path:
     return path
 
 
+def _rollout_args(
+    model: str | Path,
+    engine: str,
+    environment: str | None,
+    services: LocalServices,
+    gateway: bool,
+    log_dir: Path | None,
+) -> list[str]:
+    """The command-line arguments of a local rollout service (see :func:`start_local_services`)."""
+    args = ["--model", str(model), "--engine", engine]
+    if environment is not None:
+        target = environment
+        if environment == "reward":
+            if services.reward is None:
+                raise ValueError("environment='reward' needs the reward service started here")
+            target = services.reward.target
+        # Its episodes dial the environment service by default.
+        episodes = {"episodes": {"targets": {"default": target}}}
+        args += ["--config", str(_settings_file("rollout_service", episodes, log_dir))]
+    if gateway:
+        args += ["--openai-port", "0"]
+    if services.weight_shm_dir is not None:
+        args += ["--weight-shm-dir", str(services.weight_shm_dir)]
+    return args
+
+
 def start_local_services(
     *,
     need_reward: bool,
@@ -275,40 +350,33 @@ def start_local_services(
     ``gateway``: the rollout service also serves its OpenAI gateway, on a free loopback port (its
     GetStatus reports which).
     The rollout service's ``weight_shm_dir`` is a new directory in ``/dev/shm`` where there is one
-    (:func:`shared_memory_dir`).
+    (:func:`shared_memory_dir`). When a port picked here was taken, both start again on fresh ports
+    (:func:`retry_on_taken_port`; the rollout service may name the reward service's address).
     """
-    services = LocalServices()
-    try:
-        if need_reward:
-            reward_args = (
-                []
-                if reward_settings is None
-                else ["--config", str(_settings_file("reward_service", reward_settings, log_dir))]
-            )
-            services.reward = spawn_service("reward_service", reward_args, log_dir=log_dir, env=env)
-        if need_rollout:
-            rollout_args = ["--model", str(model), "--engine", engine]
-            if environment is not None:
-                if environment == "reward":
-                    if services.reward is None:
-                        raise ValueError("environment='reward' needs the reward service started here")
-                    environment = services.reward.target
-                # Its episodes dial the environment service by default.
-                episodes = {"episodes": {"targets": {"default": environment}}}
-                rollout_args += ["--config", str(_settings_file("rollout_service", episodes, log_dir))]
-            if gateway:
-                rollout_args += ["--openai-port", "0"]
-            services.weight_shm_dir = shared_memory_dir()
-            if services.weight_shm_dir is not None:
-                rollout_args += ["--weight-shm-dir", str(services.weight_shm_dir)]
-            rollout_env = {**(env or {}), **thread_env(rollout_threads)}
-            services.rollout = spawn_service(
-                "rollout_service", rollout_args, log_dir=log_dir, env=rollout_env
-            )
-        for service in (services.reward, services.rollout):
-            if service is not None:
-                wait_serving(service.target, service.process, startup_timeout_s, service.name)
-    except BaseException:
-        services.close()
-        raise
-    return services
+
+    def start() -> LocalServices:
+        services = LocalServices()
+        try:
+            if need_reward:
+                reward_args = (
+                    []
+                    if reward_settings is None
+                    else ["--config", str(_settings_file("reward_service", reward_settings, log_dir))]
+                )
+                services.reward = spawn_service("reward_service", reward_args, log_dir=log_dir, env=env)
+            if need_rollout:
+                services.weight_shm_dir = shared_memory_dir()
+                rollout_args = _rollout_args(model, engine, environment, services, gateway, log_dir)
+                rollout_env = {**(env or {}), **thread_env(rollout_threads)}
+                services.rollout = spawn_service(
+                    "rollout_service", rollout_args, log_dir=log_dir, env=rollout_env
+                )
+            for service in (services.reward, services.rollout):
+                if service is not None:
+                    wait_serving(service.target, service.process, startup_timeout_s, service.name)
+        except BaseException:
+            services.close()
+            raise
+        return services
+
+    return retry_on_taken_port(start)

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sys
 import time
 import urllib.request
@@ -16,6 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
+from grpo_runtime.cli import EXIT_BIND_ERROR
 from grpo_runtime.client import create_channel
 
 
@@ -165,3 +167,16 @@ def test_a_blank_admin_token_file_exits_2_naming_it(test_service, monkeypatch, t
     config.write_text(f"server:\n  admin_token_file: {token}\n")
     assert test_service.main(["--port", "0", "--config", str(config)]) == 2
     assert "config error: server.admin_token_file" in capsys.readouterr().err
+
+
+def test_a_taken_port_exits_with_the_bind_error_code_and_one_line(test_service, capsys):
+    """A launcher that picked the port tells "taken meanwhile" (EXIT_BIND_ERROR) from a failure (1)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert test_service.main(["--port", str(port)]) == EXIT_BIND_ERROR
+    err = capsys.readouterr().err.strip()  # after the log's "no admin token" warning
+    assert err.splitlines()[-1] == (
+        f"runtime_test_service: cannot bind 127.0.0.1:{port}: address in use or not available on this host"
+    )
