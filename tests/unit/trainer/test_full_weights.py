@@ -48,6 +48,8 @@ def _rank(rank: int, store: str, out: str) -> None:
             {"full": full, "expected": expected, "local_rows": model.embed.weight.to_local().shape[0]},
             Path(out) / f"rank{rank}.pt",
         )
+        # A rank tearing gloo down while its peer is still in a collective aborts the peer.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
