@@ -76,6 +76,7 @@ class AgentCompletion:
     attempts: int = 1
     retokenized_tokens: int = 0
     prefix_mismatches: int = 0
+    model_calls: int = 0
 
 
 def completion_of(trajectory: AgentTrajectory, reward: float | None) -> AgentCompletion:
@@ -97,6 +98,7 @@ def completion_of(trajectory: AgentTrajectory, reward: float | None) -> AgentCom
         env_reward=reward,
         retokenized_tokens=trajectory.retokenized_tokens,
         prefix_mismatches=trajectory.prefix_mismatches,
+        model_calls=trajectory.calls,
     )
 
 
@@ -118,7 +120,8 @@ def failed_completion(end_token_id: int, version: int, reason: str, attempts: in
 
 def agent_metrics(completions: Sequence[AgentCompletion]) -> dict[str, float]:
     """``agents/*`` metrics of one generation batch: episodes given up on, extra episodes played for
-    retries, tokens the gateway rendered again and calls whose prefix did not match (summed)."""
+    retries, model calls of the trained episodes, tokens the gateway rendered again and calls whose prefix
+    did not match (summed)."""
     if not completions:
         return {}
     return {
@@ -127,6 +130,7 @@ def agent_metrics(completions: Sequence[AgentCompletion]) -> dict[str, float]:
         "agents/retried_episodes": float(sum(c.attempts - 1 for c in completions)),
         "agents/retokenized_tokens": float(sum(c.retokenized_tokens for c in completions)),
         "agents/prefix_mismatches": float(sum(c.prefix_mismatches for c in completions)),
+        "agents/model_calls": float(sum(c.model_calls for c in completions)),
     }
 
 

@@ -123,6 +123,8 @@ def test_failed_episodes_are_retried_then_masked_and_trained_tokens_are_the_gate
     assert metrics["agents/failed_episodes"] == 3.0
     assert metrics["agents/retried_episodes"] == 4.0
     assert metrics["agents/retokenized_tokens"] == 0.0 and metrics["agents/prefix_mismatches"] == 0.0
+    # One call each in the played sessions that were kept; none counted for the episodes given up on.
+    assert ok.model_calls == flaky.model_calls == 1 and metrics["agents/model_calls"] == 2.0
 
 
 def test_a_failing_replica_stops_the_other_episodes_of_its_batch(gateway_rollout, agent_target):
