@@ -16,6 +16,8 @@ start it for agents (``--openai-port``), its episodes' default environment the r
      official ``openai`` SDK, ``max_tokens`` per call) served by ``grpo_runtime.agent_server.run_agent`` in
      its own process; every episode of a step at once (``max_concurrent_episodes`` = the batch), the
      agent's own reward not a term (``reward_weight: 0``);
+   - ``agent_node``: the same agent in TypeScript, ``examples/node/agent_server.ts`` with the official
+     ``openai`` npm package, in a ``node`` process as users start it, with the same sampling;
    - ``own_loop``: ``training.tools: {environment: calculator, max_tool_calling_iterations: 1}``, the
      rollout service's episode loop stepping the reward service's calculator environment (its episode reward
      not a term: ``environment_weight: 0``).
@@ -23,11 +25,13 @@ start it for agents (``--openai-port``), its episodes' default environment the r
    Step time = median gap between consecutive optimizer-step ends (the run's metric events), pooled over
    ``--rounds`` rounds, the first step of each run not counted (``e2e_bench.step_gaps``); episodes/s =
    episodes per step / mean gap. Odd rounds run the two in reverse order (ABBA); ``paired_ratios`` are the
-   per-round ratios. Comparable work: ``tool_calls_per_episode`` (own loop: the logged
-   ``tools/call_frequency``; agent: the calls the agent made, from each episode's metadata, which the
-   trainer does not log), ``completion_tokens_per_episode`` (``completions/mean_length`` on both: the
-   tokens after the first sampled one, tool results included), ``reward`` (mean accuracy) and the
-   agent run's ``agents/*`` counts. Target: agent ÷ own-loop step time <= 1.2.
+   per-round ratios (``<agent>_ratios``). Comparable work: ``tool_calls_per_episode`` (own loop: the
+   logged ``tools/call_frequency``; Python agent: the calls it made, from each episode's metadata, which
+   the trainer does not log; Node agent: its episodes' second model calls, ``agents/model_calls``),
+   ``completion_tokens_per_episode`` (``completions/mean_length``: the tokens after the first sampled
+   one, tool results included), ``reward`` (mean accuracy) and the agent runs' ``agents/*`` counts.
+   ``agent_cpu_s_per_step``: CPU seconds of the agent's process per step (psutil, user + system, over
+   each run's steps). Target: agent ÷ own-loop step time <= 1.2.
 
 2. Chat-completions latency at ``--sessions`` (32) concurrent sessions: that many gateway sessions
    (``RolloutClient.open_agent_session``), one ``openai.AsyncOpenAI`` client each, all sending the agent's
@@ -58,8 +62,10 @@ import asyncio
 import json
 import os
 import platform
+import re
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -70,6 +76,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import psutil
 import torch
 from aiohttp import web
 from e2e_bench import source_commit, trio_run
@@ -95,11 +102,14 @@ sys.path.insert(0, str(ROOT))
 from examples.agents.calculator_task import Sampling, question_messages  # noqa: E402
 from examples.agents.openai_sdk_agent import CALCULATOR_TOOL, episode_player  # noqa: E402
 
-MODES = ("agent", "own_loop")
+AGENT_MODES = ("agent", "agent_node")
+MODES = (*AGENT_MODES, "own_loop")
+NODE_DIR = ROOT / "examples/node"
 OWN_LOOP_WORK = ("tools/call_frequency", "completions/mean_length", "reward")
 AGENT_WORK = ("completions/mean_length", "reward")
 AGENT_COUNTS = (
     "agents/episodes",
+    "agents/model_calls",
     "agents/failed_episodes",
     "agents/retried_episodes",
     "agents/prefix_mismatches",
@@ -145,8 +155,9 @@ def serve_agent_process(port: int, sampling: Sampling, log: Path) -> None:
     asyncio.run(run_agent(counted(episode_player(sampling), log), port=port))
 
 
-def start_agent(sampling: Sampling, log: Path, stack: ExitStack) -> str:
-    """The agent in a spawned process of its own, stopped when ``stack`` closes; returns its address."""
+def start_agent(sampling: Sampling, log: Path, stack: ExitStack) -> tuple[str, int]:
+    """The agent in a spawned process of its own, stopped when ``stack`` closes; returns its address and
+    process id."""
     port = free_port()
     process = get_context("spawn").Process(
         target=serve_agent_process, args=(port, sampling, log), daemon=True
@@ -160,14 +171,40 @@ def start_agent(sampling: Sampling, log: Path, stack: ExitStack) -> str:
     stack.callback(stop)
     target = f"127.0.0.1:{port}"
     wait_serving(target, None, 120.0, "the agent")
-    return target
+    return target, process.pid
+
+
+def start_node_agent(sampling: Sampling, stack: ExitStack) -> tuple[str, int]:
+    """The TypeScript calculator agent of ``examples/node`` (the official ``openai`` npm package), as users
+    start it, with the Python agent's sampling; stopped when ``stack`` closes. ``npm ci`` (which also
+    compiles it) first when it is not built. Returns its address and process id."""
+    if not (NODE_DIR / "node_modules/openai").is_dir() or not (NODE_DIR / "dist/agent_server.js").is_file():
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, timeout=600)
+    command = ["node", "dist/agent_server.js", "--port", "0", "--model", sampling.model]
+    command += ["--temperature", str(sampling.temperature), "--max-tokens", str(sampling.max_tokens)]
+    command += ["--max-turns", str(sampling.max_turns)]
+    process = subprocess.Popen(command, cwd=NODE_DIR, stdout=subprocess.PIPE, text=True)
+
+    def stop() -> None:
+        process.terminate()
+        process.wait(10)
+
+    stack.callback(stop)
+    # It prints one line once it listens (with --port 0, the port it got), or why it cannot.
+    line = process.stdout.readline() if process.stdout else ""
+    listening = re.search(r"listening on \S+:(\d+)", line)
+    if listening is None:
+        raise RuntimeError(f"the Node agent did not start: {line!r}")
+    target = f"127.0.0.1:{listening.group(1)}"
+    return target, process.pid
 
 
 # ------------------------------------------------------------------------------------ part 1: training
 def run_config(
     mode: str, output: Path, args: argparse.Namespace, services: LocalServices, agent: str
 ) -> dict:
-    """The run config of ``mode``: the same for both but for how episodes are played."""
+    """The run config of ``mode``: the same for all but for how episodes are played (``agent``: the
+    address of the agent that plays them)."""
     training: dict[str, Any] = {
         "max_steps": args.steps,
         "logging_steps": 1,
@@ -181,7 +218,7 @@ def run_config(
         "rewards": {"reward_fn": "accuracy", "params": {"accuracy": {"mode": "numeric"}}},
         "model": {"lora": {"r": 16, "alpha": 32}},
     }
-    if mode == "agent":
+    if mode in AGENT_MODES:
         training["agents"] = {
             "target": agent,
             # Every episode of a step at once, as the own loop plays a step's episodes in one Generate.
@@ -203,15 +240,28 @@ def run_config(
     }
 
 
-def bench_agent(config: dict, episodes_log: Path) -> dict:
-    done = len(episodes_log.read_text().splitlines()) if episodes_log.exists() else 0
+def bench_agent(config: dict, agent_pid: int, episodes_log: Path | None) -> dict:
+    """One agent run: its step gaps, work and counts, and the agent process's CPU seconds per step. The
+    tool calls come from ``episodes_log`` (the Python agent's) or, for an agent that logs none, from its
+    model calls: with ``max_turns`` 2 an episode makes its second call after a calculator call."""
+    done = len(episodes_log.read_text().splitlines()) if episodes_log and episodes_log.exists() else 0
+    agent = psutil.Process(agent_pid)
+    cpu_before = sum(agent.cpu_times()[:2])
     gaps, records = trio_run(config)
-    episodes = [json.loads(line) for line in episodes_log.read_text().splitlines()[done:]]
-    return {
+    cpu_per_step = (sum(agent.cpu_times()[:2]) - cpu_before) / config["training"]["max_steps"]
+    run = {
         "gaps": gaps,
-        "tool_calls": [e["tool_calls"] for e in episodes],
+        "agent_cpu_s_per_step": [cpu_per_step],
         **{key: [r[key] for r in records if key in r] for key in (*AGENT_WORK, *AGENT_COUNTS)},
     }
+    if episodes_log is not None:
+        run["tool_calls"] = [
+            json.loads(line)["tool_calls"] for line in episodes_log.read_text().splitlines()[done:]
+        ]
+    else:
+        calls, episodes = sum(run["agents/model_calls"]), sum(run["agents/episodes"])
+        run["tool_calls"] = [(calls - episodes) / episodes]
+    return run
 
 
 def bench_own_loop(config: dict) -> dict:
@@ -224,6 +274,7 @@ def summarize(runs: list[dict], episodes_per_step: int) -> dict:
     mean = statistics.fmean(gaps)
     pooled = {key: [v for run in runs for v in run[key]] for key in runs[0] if key != "gaps"}
     calls = pooled.pop("tool_calls") if "tool_calls" in pooled else pooled.pop("tools/call_frequency")
+    agent_cpu = pooled.pop("agent_cpu_s_per_step", None)
     out: dict[str, Any] = {
         "step_s": statistics.median(gaps),
         "step_s_mean": mean,
@@ -236,9 +287,31 @@ def summarize(runs: list[dict], episodes_per_step: int) -> dict:
         "completion_tokens_per_episode": statistics.fmean(pooled.pop("completions/mean_length")),
         "reward_mean": statistics.fmean(pooled.pop("reward")),
     }
+    if agent_cpu is not None:
+        # CPU of the agent's own process (SDK, HTTP, its gRPC server) per step, each run's steps all counted.
+        out["agent_cpu_s_per_step"] = statistics.fmean(agent_cpu)
     # The agent run's counts, summed over its steps and rounds.
     out.update({key: sum(values) for key, values in pooled.items()})
     return out
+
+
+def training_report(runs: dict[str, list[dict]], episodes_per_step: int) -> dict:
+    """Each mode's summary and, per agent, its ratios to the own loop: median step, mean step, episodes/s,
+    and per round (agent ÷ own-loop median step, robust to a change in machine speed between rounds)."""
+    report: dict[str, Any] = {mode: summarize(runs[mode], episodes_per_step) for mode in MODES}
+    own = report["own_loop"]
+    for mode in AGENT_MODES:
+        agent = report[mode]
+        report[f"{mode}_ratios"] = {
+            "step": agent["step_s"] / own["step_s"],
+            "step_mean": agent["step_s_mean"] / own["step_s_mean"],
+            "episodes_per_s": agent["episodes_per_s"] / own["episodes_per_s"],
+            "paired": [
+                statistics.median(a["gaps"]) / statistics.median(b["gaps"])
+                for a, b in zip(runs[mode], runs["own_loop"], strict=True)
+            ],
+        }
+    return report
 
 
 # ------------------------------------------------------------------------------------- part 2: latency
@@ -452,7 +525,8 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(scratch)
         services, gateway_url = start_services(args.model, root / "logs", stack)
         episodes_log = root / "agent-episodes.jsonl"
-        agent = start_agent(sampling, episodes_log, stack)
+        agents = {"agent": start_agent(sampling, episodes_log, stack)}
+        agents["agent_node"] = start_node_agent(sampling, stack)
         latency, canned = asyncio.run(
             bench_latency(args.model, services.rollout_target, gateway_url, task, args)
         )
@@ -461,11 +535,16 @@ def main(argv: list[str] | None = None) -> int:
             for mode in MODES if round_ % 2 == 0 else reversed(MODES):
                 print(f"== round {round_}: {mode}", flush=True)
                 output = root / f"round{round_}" / mode
-                config = run_config(mode, output, args, services, agent)
+                target, pid = agents.get(mode, ("", 0))
+                config = run_config(mode, output, args, services, target)
                 torch.manual_seed(0)
-                run = bench_agent(config, episodes_log) if mode == "agent" else bench_own_loop(config)
+                if mode in AGENT_MODES:
+                    run = bench_agent(config, pid, episodes_log if mode == "agent" else None)
+                else:
+                    run = bench_own_loop(config)
                 runs[mode].append(run)
-    agent_run, own = (summarize(runs[mode], args.batch_size) for mode in MODES)
+    training = training_report(runs, args.batch_size)
+    own = training["own_loop"]
     agent_tool_calls = [calls for run in runs["agent"] for calls in run["tool_calls"]]
     gateway, in_process = latency_summary(latency["gateway"]), latency_summary(latency["in_process"])
     report = {
@@ -480,6 +559,11 @@ def main(argv: list[str] | None = None) -> int:
             "num_generations": args.num_generations,
             "max_completion_length": args.max_completion_length,
             "agent": {"sdk": "openai", "max_tokens_per_call": sampling.max_tokens, "max_turns": 2},
+            "agent_node": {
+                "sdk": "openai (npm), examples/node/agent_server.ts",
+                "max_tokens_per_call": sampling.max_tokens,
+                "max_turns": 2,
+            },
             "own_loop": {"environment": "calculator", "max_tool_calling_iterations": 1},
             "lora_r": 16,
             "rollout_engine": "hf",
@@ -490,18 +574,7 @@ def main(argv: list[str] | None = None) -> int:
                 "temperature": 1.0,
             },
         },
-        "training": {
-            "agent": agent_run,
-            "own_loop": own,
-            "ratio_step": agent_run["step_s"] / own["step_s"],
-            "ratio_step_mean": agent_run["step_s_mean"] / own["step_s_mean"],
-            "ratio_episodes_per_s": agent_run["episodes_per_s"] / own["episodes_per_s"],
-            # Per round, agent ÷ own-loop median step (robust to a change in machine speed between rounds).
-            "paired_ratios": [
-                statistics.median(a["gaps"]) / statistics.median(b["gaps"])
-                for a, b in zip(runs["agent"], runs["own_loop"], strict=True)
-            ],
-        },
+        "training": training,
         "agent_sdk": sdk_floor(sdk_cpu, agent_tool_calls, args.batch_size, own["step_s"]),
         "chat_latency": {
             "gateway": gateway,
