@@ -297,7 +297,10 @@ def summarize(runs: list[dict], episodes_per_step: int) -> dict:
 
 def training_report(runs: dict[str, list[dict]], episodes_per_step: int) -> dict:
     """Each mode's summary and, per agent, its ratios to the own loop: median step, mean step, episodes/s,
-    and per round (agent ÷ own-loop median step, robust to a change in machine speed between rounds)."""
+    per round (agent ÷ own-loop median step, robust to a change in machine speed between rounds), and
+    ``agent_cpu_floor`` = (own-loop step + the agent process's CPU per step) ÷ own-loop step, the ratio an
+    agent path that cost nothing but the agent's own process would reach, were that CPU all on the step's
+    critical path."""
     report: dict[str, Any] = {mode: summarize(runs[mode], episodes_per_step) for mode in MODES}
     own = report["own_loop"]
     for mode in AGENT_MODES:
@@ -306,6 +309,7 @@ def training_report(runs: dict[str, list[dict]], episodes_per_step: int) -> dict
             "step": agent["step_s"] / own["step_s"],
             "step_mean": agent["step_s_mean"] / own["step_s_mean"],
             "episodes_per_s": agent["episodes_per_s"] / own["episodes_per_s"],
+            "agent_cpu_floor": (own["step_s"] + agent["agent_cpu_s_per_step"]) / own["step_s"],
             "paired": [
                 statistics.median(a["gaps"]) / statistics.median(b["gaps"])
                 for a, b in zip(runs[mode], runs["own_loop"], strict=True)
