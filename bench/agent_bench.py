@@ -24,12 +24,13 @@ start it for agents (``--openai-port``), its episodes' default environment the r
 
    Step time = median gap between consecutive optimizer-step ends (the run's metric events), pooled over
    ``--rounds`` rounds, the first step of each run not counted (``e2e_bench.step_gaps``); episodes/s =
-   episodes per step / mean gap. Odd rounds run the two in reverse order (ABBA); ``paired_ratios`` are the
-   per-round ratios (``<agent>_ratios``). Comparable work: ``tool_calls_per_episode`` (own loop: the
-   logged ``tools/call_frequency``; Python agent: the calls it made, from each episode's metadata, which
-   the trainer does not log; Node agent: its episodes' second model calls, ``agents/model_calls``),
-   ``completion_tokens_per_episode`` (``completions/mean_length``: the tokens after the first sampled
-   one, tool results included), ``reward`` (mean accuracy) and the agent runs' ``agents/*`` counts.
+   episodes per step / mean gap. Odd rounds run the modes in reverse order (ABBA); each agent's ratios
+   to the own loop are ``training.<agent>_ratios`` (``paired``: per round). Comparable work:
+   ``tool_calls_per_episode`` (own loop: the logged ``tools/call_frequency``; Python agent: the calls it
+   made, from each episode's metadata, which the trainer does not log; Node agent: its episodes' second
+   model calls, ``agents/model_calls``), ``completion_tokens_per_episode`` (``completions/mean_length``:
+   the tokens after the first sampled one, tool results included), ``reward`` (mean accuracy) and the
+   agent runs' ``agents/*`` counts.
    ``agent_cpu_s_per_step``: CPU seconds of the agent's process per step (psutil, user + system, over
    each run's steps). Target: agent ÷ own-loop step time <= 1.2.
 
