@@ -63,10 +63,8 @@ import asyncio
 import json
 import os
 import platform
-import re
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -102,10 +100,10 @@ sys.path.insert(0, str(ROOT))
 
 from examples.agents.calculator_task import Sampling, question_messages  # noqa: E402
 from examples.agents.openai_sdk_agent import CALCULATOR_TOOL, episode_player  # noqa: E402
+from tests.support.node_env import node_server  # noqa: E402
 
 AGENT_MODES = ("agent", "agent_node")
 MODES = (*AGENT_MODES, "own_loop")
-NODE_DIR = ROOT / "examples/node"
 OWN_LOOP_WORK = ("tools/call_frequency", "completions/mean_length", "reward")
 AGENT_WORK = ("completions/mean_length", "reward")
 AGENT_COUNTS = (
@@ -176,28 +174,13 @@ def start_agent(sampling: Sampling, log: Path, stack: ExitStack) -> tuple[str, i
 
 
 def start_node_agent(sampling: Sampling, stack: ExitStack) -> tuple[str, int]:
-    """The TypeScript calculator agent of ``examples/node`` (the official ``openai`` npm package), as users
-    start it, with the Python agent's sampling; stopped when ``stack`` closes. ``npm ci`` (which also
-    compiles it) first when it is not built. Returns its address and process id."""
-    if not (NODE_DIR / "node_modules/openai").is_dir() or not (NODE_DIR / "dist/agent_server.js").is_file():
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, timeout=600)
-    command = ["node", "dist/agent_server.js", "--port", "0", "--model", sampling.model]
-    command += ["--temperature", str(sampling.temperature), "--max-tokens", str(sampling.max_tokens)]
-    command += ["--max-turns", str(sampling.max_turns)]
-    process = subprocess.Popen(command, cwd=NODE_DIR, stdout=subprocess.PIPE, text=True)
-
-    def stop() -> None:
-        process.terminate()
-        process.wait(10)
-
-    stack.callback(stop)
-    # It prints one line once it listens (with --port 0, the port it got), or why it cannot.
-    line = process.stdout.readline() if process.stdout else ""
-    listening = re.search(r"listening on \S+:(\d+)", line)
-    if listening is None:
-        raise RuntimeError(f"the Node agent did not start: {line!r}")
-    target = f"127.0.0.1:{listening.group(1)}"
-    return target, process.pid
+    """The TypeScript calculator agent of ``examples/node`` (the official ``openai`` npm package), started
+    as the tests start it (``npm ci`` first when it is not built), with the Python agent's sampling;
+    stopped when ``stack`` closes. Returns its address and process id."""
+    sampling_args = ["--model", sampling.model, "--temperature", str(sampling.temperature)]
+    sampling_args += ["--max-tokens", str(sampling.max_tokens), "--max-turns", str(sampling.max_turns)]
+    agent = stack.enter_context(node_server("dist/agent_server.js", *sampling_args))
+    return agent.address, agent.process.pid
 
 
 # ------------------------------------------------------------------------------------ part 1: training

@@ -62,7 +62,7 @@ def test_a_port_the_caller_chose_is_not_retried(first_pick_taken, taken_port):
     assert exited.value.port_taken and first_pick_taken == []
 
 
-def test_another_exit_is_not_taken_for_a_taken_port(monkeypatch, first_pick_taken):
+def test_another_exit_is_not_taken_for_a_taken_port(first_pick_taken):
     """A service failing for its own reason (here a config error, exit 2) is started once."""
     with pytest.raises(ServiceExited) as exited:
         start_service("reward_service", ["--config", "/nonexistent/reward.yaml"])
