@@ -1,12 +1,15 @@
 """Agents through the OpenAI-compatible gateway: an OpenAI-SDK agent vs the rollout service's episode loop.
 
     python bench/agent_bench.py [--steps 8] [--rounds 2] [--latency-rounds 8] [--sdk-rounds 20]
-                                [--out bench/results/agents.json]
+                                [--shape large] [--out bench/results/agents.json]
 
 One reward service and one HF-engine rollout service on 127.0.0.1, the rollout service started as users
 start it for agents (``--openai-port``), its episodes' default environment the reward service's (as
 ``start_local_services(environment="reward")`` sets it). Policy ``models/tools``, data
 ``data/tools/train.jsonl`` (``What is 347 + 582?``), reward ``accuracy`` with ``mode: numeric`` alone.
+``--shape large`` instead warm-starts a 21M policy of the same task here, as ``tools_e2e_bench.py --shape
+large`` does (``--warm-steps``, ``--warm-batch``), and trains on its rows: the agent's CPU per call is the
+same, the step's generation and training heavier.
 
 1. Training step, same run config but for how episodes are played (same batch, ``num_generations``,
    ``max_completion_length``, temperature, LoRA, sync mode, seed; ``run_job`` in this process):
@@ -86,6 +89,7 @@ from rollout_service.client import RolloutClient
 from rollout_service.server import build_core
 from rollout_service.settings import RolloutSettings
 from rollout_service.types import GenerateRequest, PromptInput, SamplingSpec
+from tiny_models.tools_demo import build_tools_demo
 from trainer_service.local.launcher import (
     LocalServices,
     free_port,
@@ -487,6 +491,25 @@ def write_report(out: Path, report: dict) -> None:
     out.write_text(json.dumps(report, indent=2) + "\n")
 
 
+def warm_start_policy(root: Path, args: argparse.Namespace) -> dict:
+    """Warm-starts a ``--shape`` policy of the tools task under ``root`` (on every core) and points
+    ``args.model`` and ``args.data`` at it; returns the ``warm_start`` record of the results file."""
+    args.model, data = root / "model", root / "data"
+    warm = build_tools_demo(
+        args.model,
+        data,
+        steps=args.warm_steps,
+        batch_size=args.warm_batch,
+        tool_share=0.9,
+        n_train=1000,
+        n_test=64,
+        shape=args.shape,
+        log=lambda _: None,
+    )
+    args.data = data / "train.jsonl"
+    return {"shape": args.shape, "steps": args.warm_steps, "batch_size": args.warm_batch, **warm}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=ROOT / "models/tools")
@@ -501,16 +524,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-rounds", type=int, default=8)
     parser.add_argument("--latency-max-tokens", type=int, default=16)
     parser.add_argument("--sdk-rounds", type=int, default=20, help="batches of SDK calls timed (part 3)")
+    parser.add_argument("--shape", choices=("large",), help="warm-start a policy of this shape instead")
+    parser.add_argument("--warm-steps", type=int, default=100, help="warm-start steps (--shape)")
+    parser.add_argument("--warm-batch", type=int, default=8, help="warm-start batch size (--shape)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/agents.json")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     load_at_start = os.getloadavg()[0]
     started = time.perf_counter()
     sampling = Sampling(temperature=1.0, max_tokens=args.max_tokens_per_call, max_turns=2)
-    task = json.loads(args.data.read_text().splitlines()[0])
     runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory() as scratch, ExitStack() as stack:
         root = Path(scratch)
+        warm_start = warm_start_policy(root, args) if args.shape is not None else None
+        task = json.loads(args.data.read_text().splitlines()[0])
         services, gateway_url = start_services(args.model, root / "logs", stack)
         episodes_log = root / "agent-episodes.jsonl"
         agents = {"agent": start_agent(sampling, episodes_log, stack)}
@@ -541,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
             "commit": source_commit(),
             "model": str(args.model.relative_to(ROOT) if args.model.is_relative_to(ROOT) else args.model),
             "data": str(args.data.relative_to(ROOT) if args.data.is_relative_to(ROOT) else args.data),
+            "warm_start": warm_start,
             "steps": args.steps,
             "rounds": args.rounds,
             "episodes_per_step": args.batch_size,
