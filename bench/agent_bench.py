@@ -18,7 +18,8 @@ same, the step's generation and training heavier.
      (``episode_player(Sampling(max_turns=2))``: a calculator call, then the answer after its result; the
      official ``openai`` SDK, ``max_tokens`` per call) served by ``grpo_runtime.agent_server.run_agent`` in
      its own process; every episode of a step at once (``max_concurrent_episodes`` = the batch), the
-     agent's own reward not a term (``reward_weight: 0``);
+     agent's own reward not a term (``reward_weight: 0``), each completion held to the own loop's budget
+     (``max_completion_tokens`` = ``max_completion_length``, tool results included);
    - ``agent_node``: the same agent in TypeScript, ``examples/node/agent_server.ts`` with the official
      ``openai`` npm package, in a ``node`` process as users start it, with the same sampling;
    - ``own_loop``: ``training.tools: {environment: calculator, max_tool_calling_iterations: 1}``, the
@@ -213,6 +214,8 @@ def run_config(
             "max_concurrent_episodes": args.batch_size,
             # The agent's reward is the same accuracy: not a second term.
             "reward_weight": 0.0,
+            # The own loop's budget over the whole completion, tool results included.
+            "max_completion_tokens": args.max_completion_length,
         }
     else:
         # The calculator has no episode reward: the accuracy term alone, as on the agent's side.

@@ -101,6 +101,16 @@ class AgentsConfig(StrictModel):
         "played again as a new episode up to this many times; then it stays out of the loss and is counted "
         "in agents/failed_episodes.",
     )
+    max_completion_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 20,
+        description="Tokens an episode's completion may hold in all (after its first sampled token; the "
+        "model's and the agent's, such as tool results, alike), as generation.max_completion_length bounds "
+        "the rollout service's own episodes; a longer one is cut back to its last sampled token within the "
+        "budget and finishes with length. None: each call is capped at generation.max_completion_length "
+        "and the session at the model's context only.",
+    )
     reward_weight: float = Field(
         default=1.0,
         ge=0.0,

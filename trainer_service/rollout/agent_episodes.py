@@ -13,7 +13,12 @@ agent episodes to TRL on the tool episodes' path (:func:`~trainer_service.rollou
 :class:`~trainer_service.rollout.episodes.EnvironmentReward` with weight ``agents.reward_weight``).
 
 A session with several branches (a rewritten history, a sub-agent) trains its last branch, the one holding
-the final answer. An episode fails when the agent's call fails (its error, or no answer by
+the final answer. ``generation.max_completion_length`` caps each model call (the sessions pin it); with
+``agents.max_completion_tokens`` the completion as a whole keeps a budget too, as the rollout service's own
+episodes keep ``max_completion_length``: sampled and agent-written tokens alike, a longer one is cut there
+and back to its last sampled token (what follows it is context for nothing the loss sees) and finishes with
+LENGTH, so neither an agent's long tool results nor its number of calls grow the trainer's batch past it.
+An episode fails when the agent's call fails (its error, or no answer by
 ``episode_timeout_s``), its reward is not finite, or the session holds no sampled token; it is then played
 again as a new episode (a new session) up to ``max_episode_retries`` times, because dropping it would bias
 its group's advantage, and after that it becomes a completion of one unsampled EOS with ``tool_mask`` 0 and
@@ -79,23 +84,34 @@ class AgentCompletion:
     model_calls: int = 0
 
 
-def completion_of(trajectory: AgentTrajectory, reward: float | None) -> AgentCompletion:
-    """The session's last branch split at its first sampled token; EpisodeFailed when nothing was sampled."""
+def completion_of(
+    trajectory: AgentTrajectory, reward: float | None, max_tokens: int | None = None
+) -> AgentCompletion:
+    """The session's last branch split at its first sampled token, the completion at most ``max_tokens``
+    long (module docstring; None: no bound); EpisodeFailed when nothing was sampled."""
     if not trajectory.sequences:
         raise EpisodeFailed("the agent never called the model (an empty session)")
     sequence = trajectory.sequences[-1]
     if 1 not in sequence.loss_mask:
         raise EpisodeFailed("the session's last branch holds no sampled token")
     start = sequence.loss_mask.index(1)
-    sampled_versions = [v for v, m in zip(sequence.policy_versions, sequence.loss_mask, strict=True) if m]
+    end, finish = len(sequence.token_ids), FinishReason.STOP
+    if max_tokens is not None and end - start > max_tokens:
+        end = start + max_tokens
+        while not sequence.loss_mask[end - 1]:  # stops at the latest at start, a sampled token
+            end -= 1
+        finish = FinishReason.LENGTH
+    mask = sequence.loss_mask[start:end]
+    versions = sequence.policy_versions[start:end]
     return AgentCompletion(
         prompt_token_ids=list(sequence.token_ids[:start]),
-        token_ids=list(sequence.token_ids[start:]),
-        logprobs=list(sequence.logprobs[start:]),
-        tool_mask=list(sequence.loss_mask[start:]),
-        token_versions=list(sequence.policy_versions[start:]),
-        policy_version=max(sampled_versions),
+        token_ids=list(sequence.token_ids[start:end]),
+        logprobs=list(sequence.logprobs[start:end]),
+        tool_mask=list(mask),
+        token_versions=list(versions),
+        policy_version=max(v for v, m in zip(versions, mask, strict=True) if m),
         env_reward=reward,
+        finish_reason=finish,
         retokenized_tokens=trajectory.retokenized_tokens,
         prefix_mismatches=trajectory.prefix_mismatches,
         model_calls=trajectory.calls,
@@ -185,12 +201,13 @@ def _log_close_failure(closing: asyncio.Future[bool]) -> None:
 
 @dataclass(frozen=True)
 class _Table:
-    """What the episodes of one batch share: the agent's channel, the session openers (one per replica) and
-    the concurrency slots."""
+    """What the episodes of one batch share: the agent's channel, the session openers (one per replica), the
+    concurrency slots and the completions' token budget (None: none)."""
 
     agent: AgentClient
     openers: dict[RolloutClient, SessionOpener]
     slots: asyncio.Semaphore
+    max_tokens: int | None
 
 
 class AgentEpisodes:
@@ -264,7 +281,7 @@ class AgentEpisodes:
         }
         if self._client is None:
             self._client = AgentClient(self.agent)
-        table = _Table(self._client, openers, slots)
+        table = _Table(self._client, openers, slots, self.config.max_completion_tokens)
         episodes = [
             asyncio.ensure_future(self._episode(table, place, self.task(prompt), f"{name}-{index}", version))
             for index, (prompt, place) in enumerate(zip(prompts, placements, strict=True))
@@ -315,7 +332,7 @@ class AgentEpisodes:
                 raise EpisodeFailed(f"the agent's reward {report.reward!r} is not a finite number")
             trajectory = await asyncio.to_thread(rollout.agent_trajectory, ticket.session_id, close=True)
             read = True
-            return completion_of(trajectory, report.reward)
+            return completion_of(trajectory, report.reward, table.max_tokens)
         finally:
             if not read:
                 # The agent may still be calling: closing the session ends that (404 from then on).

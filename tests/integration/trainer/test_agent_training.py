@@ -127,6 +127,26 @@ def test_failed_episodes_are_retried_then_masked_and_trained_tokens_are_the_gate
     assert ok.model_calls == flaky.model_calls == 1 and metrics["agents/model_calls"] == 2.0
 
 
+def test_a_completion_budget_cuts_each_episode_to_its_first_tokens(gateway_rollout, agent_target):
+    rollout_address, gateway_url = gateway_rollout
+    config = AgentsConfig(target=agent_target, gateway_url=gateway_url, max_completion_tokens=2)
+    questions = [f"budget {i}" for i in range(4)]
+    rows = [{"prompt": [{"role": "user", "content": q}]} for q in questions]
+    episodes = AgentEpisodes(config, ChannelConfig(target=agent_target), rows)
+    with RolloutClient(rollout_address, timeout_s=60) as rollout:
+        place = Placement(rollout, gateway_url)
+        sampling = {"temperature": 1.0, "max_tokens": 3}
+        try:
+            played = episodes.play([r["prompt"] for r in rows], [place] * 4, sampling, "budget", version=0)
+        finally:
+            episodes.close()
+    for completion, question in zip(played, questions, strict=True):
+        sampled = SAMPLED[question][-1]  # what the gateway answered the agent: up to 3 tokens
+        assert completion.token_ids == sampled[:2] and completion.tool_mask == [1] * len(sampled[:2])
+        expected = FinishReason.LENGTH if len(sampled) > 2 else FinishReason.STOP
+        assert completion.finish_reason == expected
+
+
 def test_a_failing_replica_stops_the_other_episodes_of_its_batch(gateway_rollout, agent_target):
     """A rollout service's failure is the step's (it propagates, and the step's generation is retried); the
     batch's other episodes stop then, their sessions closed, not left running on the trainer's loop."""
