@@ -83,6 +83,7 @@ import psutil
 import torch
 from aiohttp import web
 from e2e_bench import source_commit, trio_run
+from tools_e2e_bench import warm_start_tools_policy
 
 from grpo_runtime.agent_server import RunEpisode, run_agent
 from grpo_runtime.tokenizing import chat_token_ids
@@ -90,7 +91,6 @@ from rollout_service.client import RolloutClient
 from rollout_service.server import build_core
 from rollout_service.settings import RolloutSettings
 from rollout_service.types import GenerateRequest, PromptInput, SamplingSpec
-from tiny_models.tools_demo import build_tools_demo
 from trainer_service.local.launcher import (
     LocalServices,
     free_port,
@@ -498,17 +498,7 @@ def warm_start_policy(root: Path, args: argparse.Namespace) -> dict:
     """Warm-starts a ``--shape`` policy of the tools task under ``root`` (on every core) and points
     ``args.model`` and ``args.data`` at it; returns the ``warm_start`` record of the results file."""
     args.model, data = root / "model", root / "data"
-    warm = build_tools_demo(
-        args.model,
-        data,
-        steps=args.warm_steps,
-        batch_size=args.warm_batch,
-        tool_share=0.9,
-        n_train=1000,
-        n_test=64,
-        shape=args.shape,
-        log=lambda _: None,
-    )
+    warm = warm_start_tools_policy(args.model, data, args)
     args.data = data / "train.jsonl"
     return {"shape": args.shape, "steps": args.warm_steps, "batch_size": args.warm_batch, **warm}
 

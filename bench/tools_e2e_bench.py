@@ -187,6 +187,23 @@ def summarize(runs: list[dict], episodes_per_step: int) -> dict:
     return out
 
 
+def warm_start_tools_policy(model: Path, data: Path, args: argparse.Namespace) -> dict:
+    """The task's rows under ``data`` and a ``--shape`` policy in ``model`` warm-started on them for
+    ``--warm-steps`` steps of ``--warm-batch`` rows, 90 % of them tool-call trajectories; returns
+    ``build_tools_demo``'s record (its evaluation and parameter count)."""
+    return build_tools_demo(
+        model,
+        data,
+        steps=args.warm_steps,
+        batch_size=args.warm_batch,
+        tool_share=0.9,
+        n_train=1000,
+        n_test=64,
+        shape=args.shape,
+        log=lambda _: None,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
@@ -210,17 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         threads = torch.get_num_threads()
         # The small policy's warm start is deterministic on one thread; the large one takes every core.
         torch.set_num_threads(1 if args.shape == "small" else threads)
-        warm = build_tools_demo(
-            model,
-            data,
-            steps=args.warm_steps,
-            batch_size=args.warm_batch,
-            tool_share=0.9,
-            n_train=1000,
-            n_test=64,
-            shape=args.shape,
-            log=lambda _: None,
-        )
+        warm = warm_start_tools_policy(model, data, args)
         torch.set_num_threads(threads)
         train = data / "train.jsonl"
 
