@@ -17,7 +17,9 @@ the final answer. ``generation.max_completion_length`` caps each model call (the
 ``agents.max_completion_tokens`` the completion as a whole keeps a budget too, as the rollout service's own
 episodes keep ``max_completion_length``: sampled and agent-written tokens alike, a longer one is cut there
 and back to its last sampled token (what follows it is context for nothing the loss sees) and finishes with
-LENGTH, so neither an agent's long tool results nor its number of calls grow the trainer's batch past it.
+LENGTH, so neither an agent's long tool results nor its number of calls grow the trainer's batch past it
+(the agent's reward, which judged the whole episode, still applies; ``mask_truncated_completions`` takes
+one that does not end with EOS out of the loss).
 An episode fails when the agent's call fails (its error, or no answer by
 ``episode_timeout_s``), its reward is not finite, or the session holds no sampled token; it is then played
 again as a new episode (a new session) up to ``max_episode_retries`` times, because dropping it would bias
@@ -201,13 +203,12 @@ def _log_close_failure(closing: asyncio.Future[bool]) -> None:
 
 @dataclass(frozen=True)
 class _Table:
-    """What the episodes of one batch share: the agent's channel, the session openers (one per replica), the
-    concurrency slots and the completions' token budget (None: none)."""
+    """What the episodes of one batch share: the agent's channel, the session openers (one per replica) and
+    the concurrency slots."""
 
     agent: AgentClient
     openers: dict[RolloutClient, SessionOpener]
     slots: asyncio.Semaphore
-    max_tokens: int | None
 
 
 class AgentEpisodes:
@@ -281,7 +282,7 @@ class AgentEpisodes:
         }
         if self._client is None:
             self._client = AgentClient(self.agent)
-        table = _Table(self._client, openers, slots, self.config.max_completion_tokens)
+        table = _Table(self._client, openers, slots)
         episodes = [
             asyncio.ensure_future(self._episode(table, place, self.task(prompt), f"{name}-{index}", version))
             for index, (prompt, place) in enumerate(zip(prompts, placements, strict=True))
@@ -332,7 +333,7 @@ class AgentEpisodes:
                 raise EpisodeFailed(f"the agent's reward {report.reward!r} is not a finite number")
             trajectory = await asyncio.to_thread(rollout.agent_trajectory, ticket.session_id, close=True)
             read = True
-            return completion_of(trajectory, report.reward, table.max_tokens)
+            return completion_of(trajectory, report.reward, self.config.max_completion_tokens)
         finally:
             if not read:
                 # The agent may still be calling: closing the session ends that (404 from then on).
