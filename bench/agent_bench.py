@@ -494,13 +494,13 @@ def write_report(out: Path, report: dict) -> None:
     out.write_text(json.dumps(report, indent=2) + "\n")
 
 
-def warm_start_policy(root: Path, args: argparse.Namespace) -> dict:
-    """Warm-starts a ``--shape`` policy of the tools task under ``root`` (on every core) and points
-    ``args.model`` and ``args.data`` at it; returns the ``warm_start`` record of the results file."""
-    args.model, data = root / "model", root / "data"
-    warm = warm_start_tools_policy(args.model, data, args)
-    args.data = data / "train.jsonl"
-    return {"shape": args.shape, "steps": args.warm_steps, "batch_size": args.warm_batch, **warm}
+def warm_start_policy(root: Path, args: argparse.Namespace) -> tuple[Path, Path, dict]:
+    """A ``--shape`` policy of the tools task warm-started under ``root`` (on every core): its directory,
+    its training rows and the ``warm_start`` record of the results file."""
+    model, data = root / "model", root / "data"
+    warm = warm_start_tools_policy(model, data, args)
+    record = {"shape": args.shape, "steps": args.warm_steps, "batch_size": args.warm_batch, **warm}
+    return model, data / "train.jsonl", record
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -529,7 +529,9 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory() as scratch, ExitStack() as stack:
         root = Path(scratch)
-        warm_start = warm_start_policy(root, args) if args.shape is not None else None
+        warm_start = None
+        if args.shape is not None:
+            args.model, args.data, warm_start = warm_start_policy(root, args)
         task = json.loads(args.data.read_text().splitlines()[0])
         services, gateway_url = start_services(args.model, root / "logs", stack)
         episodes_log = root / "agent-episodes.jsonl"

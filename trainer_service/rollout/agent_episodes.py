@@ -12,21 +12,19 @@ agent episodes to TRL on the tool episodes' path (:func:`~trainer_service.rollou
 ``env_mask`` and ``env_reward``, the agent's reward, read by
 :class:`~trainer_service.rollout.episodes.EnvironmentReward` with weight ``agents.reward_weight``).
 
-A session with several branches (a rewritten history, a sub-agent) trains its last branch, the one holding
-the final answer. ``generation.max_completion_length`` caps each model call (the sessions pin it); with
+A session with several branches (a rewritten history, a sub-agent) trains its last branch, the one holding the
+final answer. ``generation.max_completion_length`` caps each model call (the sessions pin it); with
 ``agents.max_completion_tokens`` the completion as a whole keeps a budget too, as the rollout service's own
-episodes keep ``max_completion_length``: sampled and agent-written tokens alike, a longer one is cut there
-and back to its last sampled token (what follows it is context for nothing the loss sees) and finishes with
-LENGTH, so neither an agent's long tool results nor its number of calls grow the trainer's batch past it
-(the agent's reward, which judged the whole episode, still applies; ``mask_truncated_completions`` takes
-one that does not end with EOS out of the loss).
-An episode fails when the agent's call fails (its error, or no answer by
-``episode_timeout_s``), its reward is not finite, or the session holds no sampled token; it is then played
-again as a new episode (a new session) up to ``max_episode_retries`` times, because dropping it would bias
-its group's advantage, and after that it becomes a completion of one unsampled EOS with ``tool_mask`` 0 and
-no agent reward: out of the loss, counted in ``agents/failed_episodes``. A failing rollout service is not an
-episode failure: its error propagates, and the step's generation is retried as any other.
-"""
+episodes keep ``max_completion_length``: sampled and agent-written tokens alike, a longer one is cut there and
+back to its last sampled token (what follows it is context for nothing the loss sees) and finishes with
+LENGTH, so neither an agent's long tool results nor its number of calls grow the trainer's batch past it (the
+agent's reward, which judged the whole episode, still applies; ``mask_truncated_completions`` takes one that
+does not end with EOS out of the loss). An episode fails when the agent's call fails (its error, or no answer
+by ``episode_timeout_s``), its reward is not finite, or the session holds no sampled token; it is then played
+again as a new episode (a new session) up to ``max_episode_retries`` times, because dropping it would bias its
+group's advantage, and after that it becomes a completion of one unsampled EOS with ``tool_mask`` 0 and no
+agent reward: out of the loss, counted in ``agents/failed_episodes``. A failing rollout service is not an
+episode failure: its error propagates, and the step's generation is retried as any other."""
 
 from __future__ import annotations
 
