@@ -18,6 +18,8 @@ chunks (:func:`chunks_of`), which the HTTP layer sends as server-sent events end
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import re
 from collections.abc import Iterator
@@ -27,6 +29,7 @@ from jsonschema import SchemaError
 from jsonschema.validators import validator_for
 
 from grpo_runtime.errors import InvalidArgument, ResourceExhausted
+from grpo_runtime.struct_codec import MAX_STRUCT_DEPTH
 from rollout_service.gateway.types import (
     Answer,
     ChatRequest,
@@ -42,6 +45,9 @@ from rollout_service.types import FinishReason, SamplingSpec
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_TOP_LOGPROBS = 20
+# Tool schemas up to this size (canonical JSON characters) have their check remembered: agents send the same
+# tools on every call, and checking a schema against its meta-schema costs more than the rest of a request.
+SCHEMA_MEMO_MAX_CHARS = 4096
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # Refused unless neutral: the engines have no such knob.
 _UNSUPPORTED_IF_SET = {
@@ -276,15 +282,53 @@ def _tool(value: Any, field: str) -> dict[str, Any]:
     description = _string(function.get("description", ""), f"{field}.function.description")
     parameters = function.get("parameters", {"type": "object", "properties": {}})
     where = f"{field}.function.parameters"
-    _object(parameters, where)
-    try:
-        validator_for(parameters).check_schema(parameters)
-    except SchemaError as exc:
-        raise InvalidArgument(f"not a valid JSON Schema: {exc.message:.200}", field=where) from None
+    # The schema check, the canonical text and the chat template each recurse once per level.
+    if _deeper_than(_object(parameters, where), MAX_STRUCT_DEPTH):
+        raise InvalidArgument(
+            f"nested deeper than {MAX_STRUCT_DEPTH} levels of objects and lists", field=where
+        )
+    error = _schema_error(parameters)
+    if error is not None:
+        raise InvalidArgument(f"not a valid JSON Schema: {error:.200}", field=where)
     out: dict[str, Any] = {"name": name, "parameters": parameters}
     if description:
         out["description"] = description
     return {"type": "function", "function": out}
+
+
+def _schema_error(schema: dict[str, Any]) -> str | None:
+    """Why ``schema`` is not a valid JSON Schema (checked against its draft's meta-schema), or None."""
+    text = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    if len(text) <= SCHEMA_MEMO_MAX_CHARS:
+        return _memo_schema_error(text)
+    return _check_schema(schema)
+
+
+@functools.lru_cache(maxsize=256)
+def _memo_schema_error(text: str) -> str | None:
+    return _check_schema(json.loads(text))
+
+
+def _check_schema(schema: dict[str, Any]) -> str | None:
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as exc:
+        return str(exc.message)
+    return None
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests objects and lists more than ``limit`` levels; walked without recursion."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        pending.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _tool_choice(value: Any, tools: tuple[dict[str, Any], ...]) -> str:

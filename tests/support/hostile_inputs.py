@@ -1,5 +1,6 @@
-"""Hostile inputs more than one test layer sends: an alias-bomb YAML, a deeply nested Struct value, and a
-process that holds a run's output directory lock as a live worker left by another service process would."""
+"""Hostile inputs more than one test layer sends: an alias-bomb YAML, a deeply nested Struct value, a deeply
+nested JSON Schema, and a process that holds a run's output directory lock as a live worker left by another
+service process would."""
 
 from __future__ import annotations
 
@@ -37,6 +38,15 @@ def nested_value(levels: int) -> struct_pb2.Value:
         leaf = leaf.list_value.values.add()
     leaf.number_value = 1
     return value
+
+
+def nested_schema(objects: int) -> dict:
+    """An object schema whose one property nests ``objects`` object schemas deep: 2 × objects - 1 levels of
+    JSON objects (each ``properties`` is one)."""
+    schema: dict = {"type": "object"}
+    for _ in range(objects - 1):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
 
 
 @contextmanager

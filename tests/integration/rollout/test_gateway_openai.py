@@ -29,6 +29,7 @@ from rollout_service.gateway.service import AgentGateway
 from rollout_service.server import binding, build_core, build_gateway
 from rollout_service.settings import GatewaySettings, RolloutSettings
 from tests.support.episodes import evaluate
+from tests.support.hostile_inputs import nested_schema
 from tests.support.server_thread import server_thread
 
 TOOL_POLICY = Path(__file__).resolve().parents[3] / "models" / "tools"
@@ -268,6 +269,12 @@ def test_unknown_and_expired_sessions_are_404(running, rollout):
             400,
             "tools[0].function.parameters",
             "JSON Schema",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": nested_schema(100)}}]},
+            400,
+            "tools[0].function.parameters",
+            "nested deeper than 32 levels",
         ),
         ({"messages": [{"role": "user", "content": {"x": 1}}]}, 400, "messages[0].content", ""),
         ({"logprobs": True, "top_logprobs": 3}, 400, "top_logprobs", "sampled token"),

@@ -10,6 +10,7 @@ from rollout_service.gateway import openai_codec
 from rollout_service.gateway.types import Answer, Choice, FunctionCall, Message
 from rollout_service.settings import GatewaySettings
 from rollout_service.types import FinishReason
+from tests.support.hostile_inputs import nested_schema
 
 SETTINGS = GatewaySettings(max_messages=3, max_tools=1, max_n=2, max_tokens=50)
 USER = {"role": "user", "content": "hi"}
@@ -67,6 +68,49 @@ def test_bad_chat_fields_are_named(body, field):
     with pytest.raises(InvalidArgument) as info:
         openai_codec.decode_chat_request(body, SETTINGS)
     assert info.value.field == field
+
+
+def function_tool(parameters) -> dict:
+    return {"type": "function", "function": {"name": "f", "parameters": parameters}}
+
+
+@pytest.mark.parametrize("objects", [17, 100, 2000])
+def test_a_tool_schema_nested_too_deep_is_refused_by_name(objects):
+    # 17 objects deep is 33 levels (each object's properties is one more); 100 would overflow the
+    # schema check's recursion, 2000 any recursive walk.
+    with pytest.raises(InvalidArgument, match="nested deeper than 32 levels") as info:
+        chat(tools=[function_tool(nested_schema(objects))])
+    assert info.value.field == "tools[0].function.parameters"
+
+
+def test_a_tool_schema_within_the_nesting_limit_is_checked():
+    assert chat(tools=[function_tool(nested_schema(16))]).tools[0]["function"]["parameters"] == nested_schema(
+        16
+    )
+
+
+def test_a_remembered_schema_check_gives_each_call_its_own_answer():
+    settings = GatewaySettings(max_tools=2)
+    body = {"messages": [USER], "tools": [CALCULATOR, function_tool({"type": "object"})]}
+    for _ in range(2):
+        request = openai_codec.decode_chat_request(body, settings)
+        assert [tool["function"]["parameters"] for tool in request.tools] == [
+            CALCULATOR["function"]["parameters"],
+            {"type": "object"},
+        ]
+    bad = {"type": "object", "properties": {"x": {"type": "nope"}}}
+    for index in (0, 1):
+        tools = [function_tool({"type": "object"})] * index + [function_tool(dict(bad))]
+        with pytest.raises(InvalidArgument, match="not a valid JSON Schema: 'nope' is not valid") as info:
+            openai_codec.decode_chat_request({"messages": [USER], "tools": tools}, settings)
+        assert info.value.field == f"tools[{index}].function.parameters"
+    large = {
+        "type": "object",
+        "description": "x" * openai_codec.SCHEMA_MEMO_MAX_CHARS,
+        "properties": bad["properties"],
+    }
+    with pytest.raises(InvalidArgument, match="not a valid JSON Schema"):
+        chat(tools=[function_tool(large)])
 
 
 def test_counts_over_a_limit_name_it():
