@@ -310,6 +310,8 @@ def _memo_schema_error(text: str) -> str | None:
 
 
 def _check_schema(schema: dict[str, Any]) -> str | None:
+    if not isinstance(schema.get("$schema", ""), str):  # jsonschema looks it up as a URI
+        return f"$schema must be a string, got {_kind(schema['$schema'])}"
     try:
         validator_for(schema).check_schema(schema)
     except SchemaError as exc:
@@ -334,6 +336,8 @@ def _deeper_than(value: Any, limit: int) -> bool:
 def _tool_choice(value: Any, tools: tuple[dict[str, Any], ...]) -> str:
     if value is None:
         return "auto"
+    if value == "required" and not tools:
+        raise InvalidArgument("is 'required' but the request has no tools", field="tool_choice")
     if value in ("none", "auto", "required"):
         return value
     if isinstance(value, dict) and value.get("type") == "function":

@@ -276,6 +276,12 @@ def test_unknown_and_expired_sessions_are_404(running, rollout):
             "tools[0].function.parameters",
             "nested deeper than 32 levels",
         ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"$schema": 5}}}]},
+            400,
+            "tools[0].function.parameters",
+            "$schema must be a string",
+        ),
         ({"messages": [{"role": "user", "content": {"x": 1}}]}, 400, "messages[0].content", ""),
         ({"logprobs": True, "top_logprobs": 3}, 400, "top_logprobs", "sampled token"),
         ({"temperature": 1000}, 400, "temperature", ""),

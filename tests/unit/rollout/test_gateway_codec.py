@@ -23,6 +23,10 @@ CALCULATOR = {
 }
 
 
+def function_tool(parameters) -> dict:
+    return {"type": "function", "function": {"name": "f", "parameters": parameters}}
+
+
 def chat(**fields):
     return openai_codec.decode_chat_request({"messages": [USER], **fields}, SETTINGS)
 
@@ -42,6 +46,8 @@ def chat(**fields):
         ({"messages": [USER], "stop": [1]}, "stop[0]"),
         ({"messages": [USER], "logprobs": True, "top_logprobs": 5}, "top_logprobs"),
         ({"messages": [USER], "presence_penalty": 0.5}, "presence_penalty"),
+        ({"messages": [USER], "tools": [function_tool({"$schema": 5})]}, "tools[0].function.parameters"),
+        ({"messages": [USER], "tools": [function_tool({"$schema": ["x"]})]}, "tools[0].function.parameters"),
         (
             {"messages": [USER], "tools": [{"type": "function", "function": {"name": "bad name"}}]},
             "tools[0].function.name",
@@ -61,6 +67,7 @@ def chat(**fields):
             },
             "tool_choice.function.name",
         ),
+        ({"messages": [USER], "tool_choice": "required"}, "tool_choice"),
         ([USER], "body"),
     ],
 )
@@ -68,10 +75,6 @@ def test_bad_chat_fields_are_named(body, field):
     with pytest.raises(InvalidArgument) as info:
         openai_codec.decode_chat_request(body, SETTINGS)
     assert info.value.field == field
-
-
-def function_tool(parameters) -> dict:
-    return {"type": "function", "function": {"name": "f", "parameters": parameters}}
 
 
 @pytest.mark.parametrize("objects", [17, 100, 2000])
