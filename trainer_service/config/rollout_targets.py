@@ -1,4 +1,5 @@
-"""``services.rollout`` entries: the syntax of one rollout target, checked without resolving it.
+"""``services.rollout`` entries (and ``training.agents.target``'s): the syntax of one gRPC target, checked
+without resolving it, and a field that holds one address or a list of them.
 
 Each entry is
 
@@ -11,6 +12,7 @@ Each entry is
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 DNS_PREFIX = "dns:///"
 # gRPC URI schemes other than dns: one channel, one replica (ipv4:/ipv6: lists are refused below).
@@ -69,3 +71,23 @@ def parse_target(text: str) -> RolloutTarget:
         raise ValueError(f"{text!r}: write an IPv6 address in brackets, [ADDRESS]:PORT")
     _port(port, text)
     return RolloutTarget(text=text)
+
+
+def address_list(value: Any) -> Any:
+    """A field's one address as a list of one (checked here, so its error names the field), a list as it is
+    (its entries checked by the field's type): a pydantic ``mode="before"`` validator."""
+    if isinstance(value, str):
+        parse_target(value)
+        return [value]
+    if value is not None and not isinstance(value, list):
+        raise ValueError("must be an address (HOST:PORT or dns:///NAME:PORT) or a list of addresses")
+    return value
+
+
+def distinct_addresses(value: list[str] | None) -> list[str] | None:
+    """``value`` unless it lists an address twice (ValueError naming both entries)."""
+    if value is not None:
+        for index, text in enumerate(value):
+            if text in value[:index]:
+                raise ValueError(f"lists {text!r} twice (entries {value.index(text)} and {index})")
+    return value

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, model_validator
 
 # A config that cannot run raises the runtime's ConfigError naming the dotted key
 # (``training.optimizer.learning_rate: must be > 0``), so whatever handles a service's config error handles a
@@ -40,7 +40,7 @@ from trainer_service.config.agents import HOST_PLACEHOLDER
 from trainer_service.config.fields import FiniteParams, StrictModel
 from trainer_service.config.key_paths import nearest_key
 from trainer_service.config.retired_keys import without_retired_keys
-from trainer_service.config.rollout_targets import parse_target
+from trainer_service.config.rollout_targets import address_list, distinct_addresses, parse_target
 from trainer_service.config.tools import TOOLS_ENVIRONMENT
 from trainer_service.config.training import TrainingConfig
 from trainer_service.config.variants import PAPER_CLIP_RANGES, normalize_variant, validate_variant_params
@@ -122,7 +122,9 @@ class ServicesConfig(StrictModel):
     reward: str | None = Field(
         default=None, description="Reward service HOST:PORT; None = spawn one locally."
     )
-    rollout: list[RolloutTargetText] | None = Field(
+    rollout: Annotated[
+        list[RolloutTargetText] | None, BeforeValidator(address_list), AfterValidator(distinct_addresses)
+    ] = Field(
         default=None,
         min_length=1,
         description="One address or a list, each HOST:PORT (one replica) or dns:///NAME:PORT (every address "
@@ -164,25 +166,6 @@ class ServicesConfig(StrictModel):
         description="How long a step keeps retrying (with backoff) while the rollout service is down, "
         "seconds.",
     )
-
-    @field_validator("rollout", mode="before")
-    @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
-        """One address is a list of one (checked here, so its error names ``services.rollout``)."""
-        if isinstance(value, str):
-            return [_rollout_target(value)]
-        if value is not None and not isinstance(value, list):
-            raise ValueError("must be an address (HOST:PORT or dns:///NAME:PORT) or a list of addresses")
-        return value
-
-    @field_validator("rollout")
-    @classmethod
-    def _distinct(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None:
-            for index, text in enumerate(value):
-                if text in value[:index]:
-                    raise ValueError(f"lists {text!r} twice (entries {value.index(text)} and {index})")
-        return value
 
     @model_validator(mode="after")
     def _one_token_source(self) -> ServicesConfig:

@@ -243,8 +243,8 @@ def _sockets(config: RunConfig, roots: RunRoots) -> None:
     s = config.services
     addresses = {"services.reward": s.reward, "services.environment": s.environment}
     addresses |= {f"services.rollout[{index}]": target for index, target in enumerate(s.rollout or [])}
-    if config.training.agents is not None:
-        addresses["training.agents.target"] = config.training.agents.target
+    agents = config.training.agents.target if config.training.agents is not None else None
+    addresses |= {f"training.agents.target[{index}]": target for index, target in enumerate(agents or [])}
     for key, target in addresses.items():
         socket = unix_socket_path(target) if target is not None else None
         if socket is not None:

@@ -2,8 +2,9 @@
 
 For each prompt of a generation batch (TRL repeats each row G times, so each of its G samples), an episode
 is: open a session of the rollout service's OpenAI-compatible gateway (``RolloutClient.open_agent_session``),
-call ``RunEpisode`` on ``training.agents.target`` with the row and the session's base URL (the gateway of
-the session's replica, :class:`Placement`, + ``/sessions/<id>/v1``), read the session back
+call ``RunEpisode`` on ``training.agents.target`` (with several agent servers, the next one in turn) with the
+row and the session's base URL (the gateway of the session's replica, :class:`Placement`, +
+``/sessions/<id>/v1``), read the session back
 (``agent_trajectory(close=True)``) and turn its sequence into one completion shaped as the rollout service's
 tool episodes are: ``prompt_token_ids`` the tokens before the first sampled one, ``token_ids`` the rest,
 ``tool_mask`` the gateway's loss mask over them (1 exactly on sampled tokens), ``logprobs`` and
@@ -21,7 +22,8 @@ LENGTH, so neither an agent's long tool results nor its number of calls grow the
 agent's reward, which judged the whole episode, still applies; ``mask_truncated_completions`` takes one that
 does not end with EOS out of the loss). An episode fails when the agent's call fails (its error, or no answer
 by ``episode_timeout_s``), its reward is not finite, or the session holds no sampled token; it is then played
-again as a new episode (a new session) up to ``max_episode_retries`` times, because dropping it would bias its
+again as a new episode (a new session, on the next agent server when there are several) up to
+``max_episode_retries`` times, because dropping it would bias its
 group's advantage, and after that it becomes a completion of one unsampled EOS with ``tool_mask`` 0 and no
 agent reward: out of the loss, counted in ``agents/failed_episodes``. A failing rollout service is not an
 episode failure: its error propagates, and the step's generation is retried as any other."""
@@ -201,10 +203,10 @@ def _log_close_failure(closing: asyncio.Future[bool]) -> None:
 
 @dataclass(frozen=True)
 class _Table:
-    """What the episodes of one batch share: the agent's channel, the session openers (one per replica) and
+    """What the episodes of one batch share: the agents' channels, the session openers (one per replica) and
     the concurrency slots."""
 
-    agent: AgentClient
+    agents: tuple[AgentClient, ...]
     openers: dict[RolloutClient, SessionOpener]
     slots: asyncio.Semaphore
 
@@ -213,6 +215,8 @@ class AgentEpisodes:
     """Plays a batch's episodes, each on the replica its :class:`Placement` names, at most
     ``max_concurrent_episodes`` at a time.
 
+    ``agents``: the agent servers' channels; the run's episodes are dealt to them in turn, and an episode's
+    retry goes to the server after the one its failed attempt had.
     ``rows``: the train and eval rows; an episode's task is its prompt's row (all columns, JSON values).
     ``end_token_id``: the tokenizer's EOS, the token of a failed episode's completion.
     """
@@ -220,29 +224,32 @@ class AgentEpisodes:
     def __init__(
         self,
         config: AgentsConfig,
-        agent: ChannelConfig,
+        agents: Sequence[ChannelConfig],
         rows: Iterable[Mapping[str, Any]],
         *,
         end_token_id: int = 0,
     ) -> None:
+        if not agents:
+            raise ValueError("no agent server to play episodes on")
         self.config = config
-        self.agent = agent
+        self.agents = tuple(agents)
         self.end_token_id = end_token_id
         self._tasks: dict[str, dict[str, Any]] = {}
         for row in rows:
             self._tasks.setdefault(prompt_key(row["prompt"]), {k: jsonable(v) for k, v in row.items()})
-        # One loop for every batch, and on it one channel to the agent, connected once for the run.
+        # One loop for every batch, and on it one channel per agent server, connected once for the run.
         self._loop = LoopThread("agent-episodes")
-        self._client: AgentClient | None = None
+        self._clients: tuple[AgentClient, ...] = ()
+        self._dealt = 0  # episodes dealt to the agent servers so far
 
     def close(self) -> None:
-        """Closes the agent's channel and stops the episodes' loop thread."""
-        self._loop.close(self._close_client())
+        """Closes the agents' channels and stops the episodes' loop thread."""
+        self._loop.close(self._close_clients())
 
-    async def _close_client(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+    async def _close_clients(self) -> None:
+        clients, self._clients = self._clients, ()
+        for client in clients:
+            await client.close()
 
     def task(self, prompt: Any) -> dict[str, Any]:
         """The row of ``prompt`` (just the prompt for one that is in no dataset)."""
@@ -278,11 +285,14 @@ class AgentEpisodes:
         openers = {
             place.rollout: SessionOpener(place.rollout, ttl_s, sampling, version) for place in placements
         }
-        if self._client is None:
-            self._client = AgentClient(self.agent)
-        table = _Table(self._client, openers, slots)
+        if not self._clients:
+            self._clients = tuple(AgentClient(agent) for agent in self.agents)
+        table = _Table(self._clients, openers, slots)
+        first, self._dealt = self._dealt, self._dealt + len(prompts)
         episodes = [
-            asyncio.ensure_future(self._episode(table, place, self.task(prompt), f"{name}-{index}", version))
+            asyncio.ensure_future(
+                self._episode(table, place, self.task(prompt), f"{name}-{index}", version, first + index)
+            )
             for index, (prompt, place) in enumerate(zip(prompts, placements, strict=True))
         ]
         try:
@@ -295,15 +305,17 @@ class AgentEpisodes:
             raise
 
     async def _episode(
-        self, table: _Table, place: Placement, task: dict[str, Any], name: str, version: int
+        self, table: _Table, place: Placement, task: dict[str, Any], name: str, version: int, turn: int
     ) -> AgentCompletion:
-        """The first attempt that succeeds, or after ``1 + max_episode_retries`` failures a failed one."""
+        """The first attempt that succeeds, or after ``1 + max_episode_retries`` failures a failed one;
+        attempt k goes to agent server ``turn + k`` (modulo their number)."""
         attempts = 1 + self.config.max_episode_retries
         reasons = []
         for attempt in range(attempts):
+            agent = table.agents[(turn + attempt) % len(table.agents)]
             async with table.slots:
                 try:
-                    completion = await self._attempt(table, place, task, f"{name}-try{attempt}")
+                    completion = await self._attempt(agent, table, place, task, f"{name}-try{attempt}")
                     return replace(completion, attempts=attempt + 1)
                 except EpisodeFailed as failure:
                     log.warning("agent episode %s-try%d failed: %s", name, attempt, failure)
@@ -311,7 +323,7 @@ class AgentEpisodes:
         return failed_completion(self.end_token_id, version, "; ".join(reasons), attempts)
 
     async def _attempt(
-        self, table: _Table, place: Placement, task: dict[str, Any], episode_id: str
+        self, agent: AgentClient, table: _Table, place: Placement, task: dict[str, Any], episode_id: str
     ) -> AgentCompletion:
         timeout_s, rollout = self.config.episode_timeout_s, place.rollout
         ticket = await table.openers[rollout].open()
@@ -324,7 +336,7 @@ class AgentEpisodes:
                 episode_id=episode_id,
             )
             try:
-                report = await table.agent.run_episode(request, timeout_s=timeout_s)
+                report = await agent.run_episode(request, timeout_s=timeout_s)
             except ServiceCallError as error:
                 raise EpisodeFailed(f"RunEpisode: {error}") from error
             if report.reward is not None and not math.isfinite(report.reward):
@@ -342,13 +354,18 @@ def agent_episodes(
     config: RunConfig, *datasets: Iterable[Mapping[str, Any]] | None, end_token_id: int = 0
 ) -> AgentEpisodes | None:
     """The run's agent episodes over its train and eval rows, or None without ``training.agents``. The
-    agent's channel verifies TLS with ``services.tls_ca_file``; it never carries the admin token."""
+    agents' channels verify TLS with ``services.tls_ca_file`` and never carry the admin token; each balances
+    its calls round robin over the addresses its target resolves to."""
     agents = config.training.agents
     if agents is None:
         return None
     rows = [row for dataset in datasets if dataset is not None for row in dataset]
-    channel = ChannelConfig(target=agents.target, tls_ca_file=config.services.tls_ca_file)
-    return AgentEpisodes(agents, channel, rows, end_token_id=end_token_id)
+    tls_ca_file = config.services.tls_ca_file
+    channels = [
+        ChannelConfig(target=target, tls_ca_file=tls_ca_file, load_balancing="round_robin")
+        for target in agents.target or []
+    ]
+    return AgentEpisodes(agents, channels, rows, end_token_id=end_token_id)
 
 
 def uses_agent_reward(config: RunConfig) -> bool:

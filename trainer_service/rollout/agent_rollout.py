@@ -60,20 +60,22 @@ class AgentRollout(ServiceRollout):
         runs = group_runs(prompts, self.num_generations)
         placements: list[Placement] = []
         bounds = shard_bounds([count for _, count in runs], len(replicas))
+        scheme = "https" if self.client.channel.tls_ca_file is not None else "http"
         # Fewer groups than replicas leave the extra replicas idle.
         for replica, (start, end) in zip(replicas[: len(bounds)], bounds, strict=True):
             client = self.client.client(replica.address)
-            place = Placement(client, self._gateway_url(client, replica.address))
+            place = Placement(client, self._gateway_url(client, replica.address, scheme))
             placements += [place] * sum(count for _, count in runs[start:end])
         sampling = self.sampling.for_step(step, self.calls).as_dict()
         self.calls += 1
         version = min_version if min_version is not None else self.sync.current_version or 0
         return self.agents.play(prompts, placements, sampling, f"{self.name}{step}", version)
 
-    def _gateway_url(self, client: RolloutClient, address: str) -> str:
+    def _gateway_url(self, client: RolloutClient, address: str, scheme: str) -> str:
         """Where the agent reaches the gateway of the replica at ``address``: ``training.agents.gateway_url``
-        (``{host}`` its host), or unset, the replica's host at the port its GetStatus reports (asked each
-        step: a restarted replica may have another)."""
+        (``{host}`` its host), or unset, ``scheme`` (https when the services' TLS is verified) at the
+        replica's host and the port its GetStatus reports (asked each step: a restarted replica may have
+        another)."""
         template = self.agents.config.gateway_url
         if template is None:
             port = client.status().openai_port
@@ -82,7 +84,6 @@ class AgentRollout(ServiceRollout):
                     f"rollout replica {address} serves no OpenAI gateway: start it with --openai-port (or "
                     "set training.agents.gateway_url)"
                 )
-            scheme = "https" if self.agents.agent.tls_ca_file is not None else "http"
             template = f"{scheme}://{HOST_PLACEHOLDER}:{port}"
         return gateway_base_url(template, address)
 

@@ -182,7 +182,7 @@ def _with_local_agent(config: RunConfig, stack: ExitStack, sink: EventSink) -> R
         startup_timeout_s=config.services.startup_timeout_s,
     )
     stack.callback(agent.stop)
-    started = agents.model_copy(update={"target": agent.target, "command": None})
+    started = agents.model_copy(update={"target": [agent.target], "command": None})
     training = config.training.model_copy(update={"agents": started})
     return config.model_copy(update={"training": training})
 

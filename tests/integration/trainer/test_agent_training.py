@@ -95,7 +95,7 @@ def test_failed_episodes_are_retried_then_masked_and_trained_tokens_are_the_gate
     )
     questions = ["What is 2 + 2?", "raise", "hang", "nan", "flaky"]
     rows = [{"prompt": [{"role": "user", "content": q}], "answer": "4"} for q in questions]
-    episodes = AgentEpisodes(config, ChannelConfig(target=agent_target), rows, end_token_id=7)
+    episodes = AgentEpisodes(config, [ChannelConfig(target=agent_target)], rows, end_token_id=7)
     prompts = [row["prompt"] for row in rows]
     with RolloutClient(rollout_address, timeout_s=60) as rollout:
         place = Placement(rollout, gateway_url)
@@ -127,12 +127,50 @@ def test_failed_episodes_are_retried_then_masked_and_trained_tokens_are_the_gate
     assert ok.model_calls == flaky.model_calls == 1 and metrics["agents/model_calls"] == 2.0
 
 
+def serving(name: str, played: dict[str, list[str]]):
+    """``chat_agent`` that records the questions it played under ``name``."""
+
+    async def run_episode(task, base_url, deadline):
+        played.setdefault(name, []).append(task["prompt"][-1]["content"])
+        return await chat_agent(task, base_url, deadline)
+
+    return run_episode
+
+
+def test_episodes_are_dealt_to_several_agent_servers_and_a_retry_goes_to_the_next(gateway_rollout):
+    rollout_address, gateway_url = gateway_rollout
+    played: dict[str, list[str]] = {}
+    down = f"127.0.0.1:{free_port()}"  # an agent server that is not running
+    questions = [f"dealt {i}" for i in range(6)]
+    rows = [{"prompt": [{"role": "user", "content": q}]} for q in questions]
+    with (
+        python_agent(serving("a", played)) as first,
+        python_agent(serving("b", played)) as second,
+        RolloutClient(rollout_address, timeout_s=60) as rollout,
+    ):
+        targets = [first, down, second]
+        config = AgentsConfig(target=targets, gateway_url=gateway_url, max_episode_retries=1)
+        episodes = AgentEpisodes(config, [ChannelConfig(target=t) for t in targets], rows)
+        place = Placement(rollout, gateway_url)
+        try:
+            completions = episodes.play(
+                [r["prompt"] for r in rows], [place] * 6, {"max_tokens": 3}, "deal", 0
+            )
+        finally:
+            episodes.close()
+    assert all(c.finish_reason in (FinishReason.STOP, FinishReason.LENGTH) for c in completions)
+    # Dealt a, down, b, a, down, b; the two dealt to the server that is down were played again on b.
+    assert [c.attempts for c in completions] == [1, 2, 1, 1, 2, 1]
+    assert sorted(played["a"]) == ["dealt 0", "dealt 3"]
+    assert sorted(played["b"]) == ["dealt 1", "dealt 2", "dealt 4", "dealt 5"]
+
+
 def test_a_completion_budget_cuts_each_episode_to_its_first_tokens(gateway_rollout, agent_target):
     rollout_address, gateway_url = gateway_rollout
     config = AgentsConfig(target=agent_target, gateway_url=gateway_url, max_completion_tokens=2)
     questions = [f"budget {i}" for i in range(4)]
     rows = [{"prompt": [{"role": "user", "content": q}]} for q in questions]
-    episodes = AgentEpisodes(config, ChannelConfig(target=agent_target), rows)
+    episodes = AgentEpisodes(config, [ChannelConfig(target=agent_target)], rows)
     with RolloutClient(rollout_address, timeout_s=60) as rollout:
         place = Placement(rollout, gateway_url)
         sampling = {"temperature": 1.0, "max_tokens": 3}
@@ -153,7 +191,7 @@ def test_a_failing_replica_stops_the_other_episodes_of_its_batch(gateway_rollout
     rollout_address, gateway_url = gateway_rollout
     config = AgentsConfig(target=agent_target, gateway_url=gateway_url, episode_timeout_s=30.0)
     rows = [{"prompt": [{"role": "user", "content": q}]} for q in ("slow", "What is 2 + 2?")]
-    episodes = AgentEpisodes(config, ChannelConfig(target=agent_target), rows)
+    episodes = AgentEpisodes(config, [ChannelConfig(target=agent_target)], rows)
     down = f"127.0.0.1:{free_port()}"  # nothing listens: its opens fail once their 1 s of retries is spent
     with (
         RolloutClient(rollout_address, timeout_s=60) as live,

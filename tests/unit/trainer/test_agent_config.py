@@ -3,6 +3,8 @@ runs cannot do refused naming the key."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from trainer_service.config.agents import gateway_base_url
@@ -35,6 +37,9 @@ def test_the_agents_reward_is_a_term_weighted_after_reward_fn():
         ({"gateway_url": "http://127.0.0.1:8000/v1"}, "training.agents.gateway_url"),
         ({"gateway_url": "ftp://host:1"}, "training.agents.gateway_url"),
         ({"target": "dns:///"}, "training.agents.target"),
+        ({"target": []}, "training.agents.target"),
+        ({"target": ["127.0.0.1:1", "127.0.0.1:1"]}, "training.agents.target"),
+        ({"target": ["127.0.0.1:1"] * 65}, "training.agents.target"),
         ({"max_concurrent_episodes": 0}, "training.agents.max_concurrent_episodes"),
         ({"episode_timeout_s": float("nan")}, "training.agents.episode_timeout_s"),
         ({"max_episode_retries": -1}, "training.agents.max_episode_retries"),
@@ -43,6 +48,14 @@ def test_the_agents_reward_is_a_term_weighted_after_reward_fn():
 def test_bad_values_name_their_key(agents, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         parse_config(config(agents))
+
+
+def test_a_target_is_one_agent_server_or_a_list_of_them():
+    assert parse_config(config()).training.agents.target == ["127.0.0.1:50060"]
+    servers = ["127.0.0.1:50060", "dns:///agents.ns:50060", "unix:/run/agent.sock"]
+    assert parse_config(config({"target": servers})).training.agents.target == servers
+    with pytest.raises(ConfigError, match=re.escape("training.agents.target[1]: 'no-port' is not HOST:PORT")):
+        parse_config(config({"target": ["127.0.0.1:50060", "no-port"]}))
 
 
 @pytest.mark.parametrize(

@@ -217,3 +217,13 @@ def test_an_agent_command_is_refused_and_a_running_agent_is_not(tmp_path, settin
     assert refused_key(spawned, settings) == "training.agents.command"
     running = {"target": "127.0.0.1:50060", "gateway_url": "http://127.0.0.1:8000"}
     assert accepted(config(tmp_path, {"agents": running}, services=services), settings)
+
+
+def test_every_agent_server_of_a_list_is_confined_and_named_by_its_index(tmp_path, settings):
+    services = {"rollout": "127.0.0.1:50052"}
+    inside = f"unix:{tmp_path / 'sockets' / 'agent.sock'}"
+    agents = {"target": ["127.0.0.1:50060", inside], "gateway_url": "http://127.0.0.1:8000"}
+    assert accepted(config(tmp_path, {"agents": agents}, services=services), settings)
+    agents["target"] = [inside, "unix:/run/docker.sock"]
+    refused = config(tmp_path, {"agents": agents}, services=services)
+    assert refused_key(refused, settings) == "training.agents.target[1]"
