@@ -375,14 +375,18 @@ class RolloutClient(ServiceClient):
         *,
         sampling: Mapping[str, Any] | None = None,
         min_policy_version: int | None = None,
+        max_completion_tokens: int | None = None,
         timeout_s: float | None = None,
     ) -> SessionTicket:
         """A session of the OpenAI-compatible gateway: point an agent's SDK at
         ``http://HOST:OPENAI_PORT/sessions/<session_id>/v1``. ``ttl_s`` 0: the server's lifetime.
         ``sampling`` (SamplingParams fields): the distribution every call of the session samples from,
         whatever the agent asks; its ``max_tokens`` caps a call's. ``min_policy_version``: its calls generate
-        once the replica serves at least that version (a push of it in flight)."""
-        request = codec.encode_open_agent_session_request(ttl_s, sampling, min_policy_version)
+        once the replica serves at least that version (a push of it in flight). ``max_completion_tokens``:
+        the tokens a branch's completion may hold, each call capped at what is left."""
+        request = codec.encode_open_agent_session_request(
+            ttl_s, sampling, min_policy_version, max_completion_tokens
+        )
         return codec.decode_open_agent_session_response(
             self._call("OpenAgentSession", request, timeout_s=timeout_s)
         )
@@ -394,10 +398,13 @@ class RolloutClient(ServiceClient):
         *,
         sampling: Mapping[str, Any] | None = None,
         min_policy_version: int | None = None,
+        max_completion_tokens: int | None = None,
         timeout_s: float | None = None,
     ) -> list[SessionTicket]:
         """``count`` sessions as :meth:`open_agent_session` opens one, in one call: all or none."""
-        request = codec.encode_open_agent_sessions_request(count, ttl_s, sampling, min_policy_version)
+        request = codec.encode_open_agent_sessions_request(
+            count, ttl_s, sampling, min_policy_version, max_completion_tokens
+        )
         return codec.decode_open_agent_sessions_response(
             self._call("OpenAgentSessions", request, timeout_s=timeout_s)
         )

@@ -384,11 +384,19 @@ def decode_status_response(msg: rollout_pb2.GetStatusResponse) -> StatusInfo:
 
 # ------------------------------------------------------ agent sessions (gateway)
 def encode_open_agent_session_request(
-    ttl_s: float = 0.0, sampling: Mapping[str, Any] | None = None, min_policy_version: int | None = None
+    ttl_s: float = 0.0,
+    sampling: Mapping[str, Any] | None = None,
+    min_policy_version: int | None = None,
+    max_completion_tokens: int | None = None,
 ) -> rollout_pb2.OpenAgentSessionRequest:
     """``sampling``: SamplingParams fields the session imposes on its calls (None: each call's own);
-    ``min_policy_version``: its calls generate once that version serves (None: at once)."""
-    message = rollout_pb2.OpenAgentSessionRequest(ttl_seconds=ttl_s, min_policy_version=min_policy_version)
+    ``min_policy_version``: its calls generate once that version serves (None: at once);
+    ``max_completion_tokens``: a branch's completion budget (None: none)."""
+    message = rollout_pb2.OpenAgentSessionRequest(
+        ttl_seconds=ttl_s,
+        min_policy_version=min_policy_version,
+        max_completion_tokens=max_completion_tokens,
+    )
     if sampling is not None:
         message.sampling.CopyFrom(encode_sampling(sampling))
     return message
@@ -396,16 +404,20 @@ def encode_open_agent_session_request(
 
 def decode_open_agent_session_request(
     msg: rollout_pb2.OpenAgentSessionRequest,
-) -> tuple[float, PinnedSampling | None, int | None]:
+) -> tuple[float, PinnedSampling | None, int | None, int | None]:
     """The requested lifetime in seconds (0: the server's default), the session's sampling (ranges are
-    checked by the gateway) and the policy version its calls wait for (None: none)."""
+    checked by the gateway), the policy version its calls wait for and its completion budget (None:
+    none)."""
     if not msg.ttl_seconds >= 0 or msg.ttl_seconds == float("inf"):
         raise InvalidArgument(f"must be a finite number >= 0, got {msg.ttl_seconds}", field="ttl_seconds")
     min_version = msg.min_policy_version if msg.HasField("min_policy_version") else None
+    budget = msg.max_completion_tokens if msg.HasField("max_completion_tokens") else None
+    if budget == 0:
+        raise InvalidArgument("must be at least 1 when set", field="max_completion_tokens")
     if not msg.HasField("sampling"):
-        return msg.ttl_seconds, None, min_version
+        return msg.ttl_seconds, None, min_version, budget
     cap = msg.sampling.max_tokens if msg.sampling.HasField("max_tokens") else None
-    return msg.ttl_seconds, PinnedSampling(decode_sampling(msg.sampling), cap), min_version
+    return msg.ttl_seconds, PinnedSampling(decode_sampling(msg.sampling), cap), min_version, budget
 
 
 def encode_open_agent_session_response(ticket: SessionTicket) -> rollout_pb2.OpenAgentSessionResponse:
@@ -423,15 +435,16 @@ def encode_open_agent_sessions_request(
     ttl_s: float = 0.0,
     sampling: Mapping[str, Any] | None = None,
     min_policy_version: int | None = None,
+    max_completion_tokens: int | None = None,
 ) -> rollout_pb2.OpenAgentSessionsRequest:
     """``count`` sessions, each as :func:`encode_open_agent_session_request` describes one."""
-    session = encode_open_agent_session_request(ttl_s, sampling, min_policy_version)
+    session = encode_open_agent_session_request(ttl_s, sampling, min_policy_version, max_completion_tokens)
     return rollout_pb2.OpenAgentSessionsRequest(session=session, count=count)
 
 
 def decode_open_agent_sessions_request(
     msg: rollout_pb2.OpenAgentSessionsRequest,
-) -> tuple[int, float, PinnedSampling | None, int | None]:
+) -> tuple[int, float, PinnedSampling | None, int | None, int | None]:
     """How many sessions, then what :func:`decode_open_agent_session_request` gives for each."""
     return (msg.count, *decode_open_agent_session_request(msg.session))
 

@@ -43,7 +43,7 @@ from rollout_service.gateway.types import (
     SessionTicket,
 )
 from rollout_service.settings import GatewaySettings
-from rollout_service.types import CompletionResult, GenerateRequest, PromptInput
+from rollout_service.types import CompletionResult, FinishReason, GenerateRequest, PromptInput
 
 
 class AgentGateway:
@@ -74,11 +74,13 @@ class AgentGateway:
         ttl_s: float = 0.0,
         sampling: PinnedSampling | None = None,
         min_policy_version: int | None = None,
+        max_completion_tokens: int | None = None,
     ) -> SessionTicket:
         """A session of ``ttl_s`` seconds (0: the server's); ``sampling``: the distribution its calls
         sample from whatever they ask (a call's length stays within the gateway's ``max_tokens`` too);
-        ``min_policy_version``: its calls generate once that version serves."""
-        return self.open_sessions(1, ttl_s, sampling, min_policy_version)[0]
+        ``min_policy_version``: its calls generate once that version serves; ``max_completion_tokens``: the
+        tokens a branch's completion may hold (each call capped at what is left)."""
+        return self.open_sessions(1, ttl_s, sampling, min_policy_version, max_completion_tokens)[0]
 
     def open_sessions(
         self,
@@ -86,6 +88,7 @@ class AgentGateway:
         ttl_s: float = 0.0,
         sampling: PinnedSampling | None = None,
         min_policy_version: int | None = None,
+        max_completion_tokens: int | None = None,
     ) -> list[SessionTicket]:
         """``count`` sessions as :meth:`open_session` opens one, all or none (a trainer opens a step's
         sessions together)."""
@@ -94,7 +97,11 @@ class AgentGateway:
         if sampling is not None:
             sampling = PinnedSampling(validate_sampling(sampling.spec), sampling.max_tokens)
         check_min_version(min_policy_version)
-        return self.sessions.open_many(count, ttl_s, sampling, min_policy_version)
+        if max_completion_tokens is not None and max_completion_tokens < 1:
+            raise InvalidArgument(
+                f"must be at least 1 when set, got {max_completion_tokens}", field="max_completion_tokens"
+            )
+        return self.sessions.open_many(count, ttl_s, sampling, min_policy_version, max_completion_tokens)
 
     def trajectory(self, session_id: str, *, close: bool = False) -> AgentTrajectory:
         out = trajectory(self.sessions.get(session_id))
@@ -121,7 +128,10 @@ class AgentGateway:
         calls = list(session.calls) if session is not None else []
         render = self._renderer.chat_prompt
         plan = await off_loop_unless(small, render, calls, request.messages, request.tools)
-        results = await self._generate(plan.prompt_ids, request.n, request.sampling, session)
+        left = session.completion_tokens_left(plan.prompt_ids, plan.parent) if session is not None else None
+        if session is not None and left is not None and left < 1:
+            return self._spent(session, "chat", plan.prompt_ids, request.n)
+        results = await self._generate(plan.prompt_ids, request.n, request.sampling, session, left)
         parse = bool(request.tools) and request.tool_choice != "none"
         choices = [
             self._choice(i, r, request.top_logprobs is not None, self._reply(r.text, parse))
@@ -144,7 +154,10 @@ class AgentGateway:
             )
         calls = list(session.calls) if session is not None else []
         plan = await off_loop_unless(small, self._renderer.completion_prompt, calls, request.prompt)
-        results = await self._generate(plan.prompt_ids, request.n, request.sampling, session)
+        left = session.completion_tokens_left(plan.prompt_ids, plan.parent) if session is not None else None
+        if session is not None and left is not None and left < 1:
+            return self._spent(session, "completion", plan.prompt_ids, request.n)
+        results = await self._generate(plan.prompt_ids, request.n, request.sampling, session, left)
         choices = [self._choice(i, r, request.logprobs is not None) for i, r in enumerate(results)]
         if session is not None:
             text = request.prompt if isinstance(request.prompt, str) else ""
@@ -168,20 +181,44 @@ class AgentGateway:
         return session
 
     async def _generate(
-        self, prompt_ids: list[int], n: int, sampling: Sampling, session: Session | None
+        self,
+        prompt_ids: list[int],
+        n: int,
+        sampling: Sampling,
+        session: Session | None,
+        budget_left: int | None = None,
     ) -> list[CompletionResult]:
+        """``budget_left``: what is left of the session's completion budget, a cap on this call."""
         ceiling = self.settings.max_tokens
         if session is not None and session.sampling is not None:
             sampling = session.sampling.apply(sampling)
             ceiling = min(ceiling, session.sampling.max_tokens or ceiling)
+        if budget_left is not None:
+            ceiling = min(ceiling, budget_left)
         spec = sampling.spec
         if sampling.max_tokens is None:  # what the context leaves, within the bound
             room = self.max_model_len - len(prompt_ids)
             spec = dataclasses.replace(spec, max_tokens=max(1, min(ceiling, room)))
+        elif sampling.max_tokens > ceiling:  # the call's own max_tokens is within the others already
+            spec = dataclasses.replace(spec, max_tokens=ceiling)
+        if budget_left is not None and spec.min_tokens > spec.max_tokens:
+            # The agent cannot know what is left of the budget: a min_tokens it asked for yields to it.
+            spec = dataclasses.replace(spec, min_tokens=spec.max_tokens)
         prompt = PromptInput(token_ids=tuple(prompt_ids))
         min_version = session.min_policy_version if session is not None else None
         request = GenerateRequest((prompt,), n, spec, min_policy_version=min_version)
         return await self._core.generate(request, session.caller if session is not None else None)
+
+    def _spent(
+        self, session: Session, kind: Literal["chat", "completion"], prompt_ids: list[int], n: int
+    ) -> Answer:
+        """The answer to a call made when its branch's completion budget is spent: ``n`` empty choices that
+        finished with length, nothing generated or recorded; its agent is not waited for."""
+        if session.caller is not None:
+            session.caller.idle()
+        message = Message("assistant", "") if kind == "chat" else None
+        empty = [Choice(i, [], [], [], "", FinishReason.LENGTH, message) for i in range(n)]
+        return self._answer(kind, prompt_ids, empty)
 
     def _choice(
         self, index: int, result: CompletionResult, tokens: bool, message: Message | None = None

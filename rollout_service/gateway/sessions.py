@@ -72,6 +72,7 @@ class Session:
     max_calls: int
     sampling: PinnedSampling | None = None  # imposed on every call; None: each call's own
     min_policy_version: int | None = None  # every call generates once this version serves
+    max_completion_tokens: int | None = None  # a branch's completion budget; None: none
     calls: list[CallRecord] = field(default_factory=list)
     started: int = 0  # calls admitted (finished, failed or in flight)
     retokenized_tokens: int = 0
@@ -100,6 +101,19 @@ class Session:
     @property
     def next_index(self) -> int:
         return len(self.calls)
+
+    def completion_tokens_left(self, prompt_ids: list[int], parent: tuple[int, int] | None) -> int | None:
+        """What is left of ``max_completion_tokens`` for a call whose prompt is ``prompt_ids``, extending
+        the call and choice ``parent`` (None: it starts a branch, so nothing is spent): the branch's
+        completion starts after its root call's prompt. None without a budget."""
+        if self.max_completion_tokens is None:
+            return None
+        if parent is None:
+            return self.max_completion_tokens
+        root = self.calls[parent[0]]
+        while root.parent is not None:
+            root = self.calls[root.parent[0]]
+        return self.max_completion_tokens - (len(prompt_ids) - len(root.prompt_ids))
 
 
 class SessionRegistry:
@@ -130,10 +144,12 @@ class SessionRegistry:
         ttl_s: float = 0.0,
         sampling: PinnedSampling | None = None,
         min_policy_version: int | None = None,
+        max_completion_tokens: int | None = None,
     ) -> SessionTicket:
         """A new session living ``ttl_s`` seconds (0 or more than the server's ``ttl_s``: that), whose calls
-        sample with ``sampling`` when given and generate once ``min_policy_version`` serves."""
-        return self.open_many(1, ttl_s, sampling, min_policy_version)[0]
+        sample with ``sampling`` when given, generate once ``min_policy_version`` serves and keep each
+        branch's completion within ``max_completion_tokens``."""
+        return self.open_many(1, ttl_s, sampling, min_policy_version, max_completion_tokens)[0]
 
     def open_many(
         self,
@@ -141,6 +157,7 @@ class SessionRegistry:
         ttl_s: float = 0.0,
         sampling: PinnedSampling | None = None,
         min_policy_version: int | None = None,
+        max_completion_tokens: int | None = None,
     ) -> list[SessionTicket]:
         """``count`` sessions as :meth:`open` opens one, all or none."""
         now = self._clock()
@@ -155,6 +172,7 @@ class SessionRegistry:
                 self.max_calls_per_session,
                 sampling,
                 min_policy_version,
+                max_completion_tokens,
             )
             session.caller = self._register() if self._register is not None else None
             self._sessions[session.session_id] = session

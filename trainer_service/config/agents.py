@@ -114,11 +114,13 @@ class AgentsConfig(StrictModel):
         default=None,
         ge=1,
         le=1 << 20,
-        description="Tokens an episode's completion may hold in all (after its first sampled token; the "
+        description="Tokens an episode's completion may hold in all (from its first sampled token on; the "
         "model's and the agent's, such as tool results, alike), as generation.max_completion_length bounds "
-        "the rollout service's own episodes; a longer one is cut back to its last sampled token within the "
-        "budget and finishes with length. None: each call is capped at generation.max_completion_length "
-        "and the session at the model's context only.",
+        "the rollout service's own episodes. The gateway caps each call at what is left and answers a call "
+        "made once it is spent with an empty reply (finish_reason length) without generating; a longer "
+        "completion is cut back to its last sampled token within the budget and finishes with length. "
+        "None: each call is capped at generation.max_completion_length and the session at the model's "
+        "context only.",
     )
     reward_weight: float = Field(
         default=1.0,

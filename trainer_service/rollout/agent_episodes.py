@@ -16,17 +16,20 @@ agent episodes to TRL on the tool episodes' path (:func:`~trainer_service.rollou
 A session with several branches (a rewritten history, a sub-agent) trains its last branch, the one holding the
 final answer. ``generation.max_completion_length`` caps each model call (the sessions pin it); with
 ``agents.max_completion_tokens`` the completion as a whole keeps a budget too, as the rollout service's own
-episodes keep ``max_completion_length``: sampled and agent-written tokens alike, a longer one is cut there and
-back to its last sampled token (what follows it is context for nothing the loss sees) and finishes with
-LENGTH, so neither an agent's long tool results nor its number of calls grow the trainer's batch past it (the
-agent's reward, which judged the whole episode, still applies; ``mask_truncated_completions`` takes one that
-does not end with EOS out of the loss). An episode fails when the agent's call fails (its error, or no answer
-by ``episode_timeout_s``), its reward is not finite, or the session holds no sampled token; it is then played
-again as a new episode (a new session, on the next agent server when there are several) up to
-``max_episode_retries`` times, because dropping it would bias its
-group's advantage, and after that it becomes a completion of one unsampled EOS with ``tool_mask`` 0 and no
-agent reward: out of the loss, counted in ``agents/failed_episodes``. A failing rollout service is not an
-episode failure: its error propagates, and the step's generation is retried as any other."""
+episodes keep ``max_completion_length``: sampled and agent-written tokens alike. The sessions carry it, so
+the gateway caps each call at what is left of it and answers a call made once it is spent with an empty
+reply (finish ``length``) without generating: no turn is sampled only to be cut away, and the agent's reward
+judges what the budget held. A longer completion (from a gateway that does not know the budget) is still cut
+here, back to its last sampled token within the budget (what follows it is context for nothing the loss
+sees), and finishes with LENGTH, so neither an agent's long tool results nor its number of calls grow the
+trainer's batch past it (``mask_truncated_completions`` takes one that does not end with EOS out of the
+loss). An episode fails when the agent's call fails (its error, or no answer by ``episode_timeout_s``), its
+reward is not finite, or the session holds no sampled token; it is then played again as a new episode (a new
+session, on the next agent server when there are several) up to ``max_episode_retries`` times, because
+dropping it would bias its group's advantage, and after that it becomes a completion of one unsampled EOS
+with ``tool_mask`` 0 and no agent reward: out of the loss, counted in ``agents/failed_episodes``. A failing
+rollout service is not an episode failure: its error propagates, and the step's generation is retried as any
+other."""
 
 from __future__ import annotations
 
@@ -164,11 +167,20 @@ class Placement:
 class SessionOpener:
     """Opens gateway sessions of one replica for a batch's episodes: the sessions asked for within one
     event-loop turn (the episodes that got a slot together) in one ``OpenAgentSessions`` call, each alike:
-    living ``ttl_s``, sampling ``sampling``, waiting for ``version``."""
+    living ``ttl_s``, sampling ``sampling``, waiting for ``version``, each branch's completion within
+    ``max_completion_tokens`` (None: no budget)."""
 
-    def __init__(self, rollout: RolloutClient, ttl_s: float, sampling: Mapping[str, Any], version: int):
+    def __init__(
+        self,
+        rollout: RolloutClient,
+        ttl_s: float,
+        sampling: Mapping[str, Any],
+        version: int,
+        max_completion_tokens: int | None = None,
+    ):
         self._rollout = rollout
         self._ttl_s, self._sampling, self._version = ttl_s, sampling, version
+        self._max_completion_tokens = max_completion_tokens
         self._calls: Coalescer[None, SessionTicket] = Coalescer(
             self._send, max_batch=MAX_SESSIONS_PER_OPEN, orphan=self._close
         )
@@ -183,6 +195,7 @@ class SessionOpener:
             self._ttl_s,
             sampling=self._sampling,
             min_policy_version=self._version,
+            max_completion_tokens=self._max_completion_tokens,
         )
         for index, ticket in enumerate(tickets):
             yield index, ticket
@@ -282,8 +295,10 @@ class AgentEpisodes:
     ) -> list[AgentCompletion]:
         slots = asyncio.Semaphore(self.config.max_concurrent_episodes)
         ttl_s = self.config.episode_timeout_s + SESSION_GRACE_S
+        budget = self.config.max_completion_tokens
         openers = {
-            place.rollout: SessionOpener(place.rollout, ttl_s, sampling, version) for place in placements
+            place.rollout: SessionOpener(place.rollout, ttl_s, sampling, version, budget)
+            for place in placements
         }
         if not self._clients:
             self._clients = tuple(AgentClient(agent) for agent in self.agents)

@@ -240,6 +240,38 @@ def test_a_pinned_session_samples_its_distribution_whatever_the_agent_asks(runni
         assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and field in str(info.value)
 
 
+def test_a_sessions_completion_budget_caps_each_call_at_what_is_left(running, rollout):
+    """Token-id completions, so the budget's arithmetic is exact: the budget counts the tokens after the
+    first call's prompt, sampled and agent-written alike."""
+
+    def complete(session_id: str, prompt: list[int], max_tokens: int) -> dict:
+        body = {"model": "tools", "prompt": prompt, "max_tokens": max_tokens, "seed": 0}
+        code, _, reply = post(
+            running.base_url(session_id) + "/completions",
+            json.dumps({**body, "return_token_ids": True}).encode(),
+        )
+        assert code == 200, reply
+        return reply["choices"][0]
+
+    question = running.core.tokenizer("What is 347 + 582?")["input_ids"]
+    ticket = rollout.open_agent_session(max_completion_tokens=6)
+    first = complete(ticket.session_id, question, 2)["token_ids"]
+    extended = [*question, *first, 11]  # one token the agent wrote after the reply
+    second = complete(ticket.session_id, extended, 40)
+    assert 1 <= len(second["token_ids"]) <= 6 - len(first) - 1  # capped at what was left
+    spent = [*extended, *second["token_ids"], *([11] * 6)]
+    third = complete(ticket.session_id, spent, 40)
+    assert third["token_ids"] == [] and third["finish_reason"] == "length"
+    trajectory = rollout.agent_trajectory(ticket.session_id, close=True)
+    assert trajectory.calls == 2  # the spent call generated and recorded nothing
+    (sequence,) = trajectory.sequences
+    assert sequence.token_ids == [*extended, *second["token_ids"]]
+    assert len(sequence.token_ids) - len(question) <= 6
+    with pytest.raises(ServiceCallError) as info:
+        rollout.open_agent_session(max_completion_tokens=0)
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and "max_completion_tokens" in str(info.value)
+
+
 def test_unknown_and_expired_sessions_are_404(running, rollout):
     assert_error(
         post(running.base_url("not-a-session") + "/chat/completions", chat_body()), 404, "session_id"

@@ -165,7 +165,7 @@ def test_episodes_are_dealt_to_several_agent_servers_and_a_retry_goes_to_the_nex
     assert sorted(played["b"]) == ["dealt 1", "dealt 2", "dealt 4", "dealt 5"]
 
 
-def test_a_completion_budget_cuts_each_episode_to_its_first_tokens(gateway_rollout, agent_target):
+def test_a_completion_budget_caps_each_episodes_calls_at_the_gateway(gateway_rollout, agent_target):
     rollout_address, gateway_url = gateway_rollout
     config = AgentsConfig(target=agent_target, gateway_url=gateway_url, max_completion_tokens=2)
     questions = [f"budget {i}" for i in range(4)]
@@ -179,10 +179,11 @@ def test_a_completion_budget_cuts_each_episode_to_its_first_tokens(gateway_rollo
         finally:
             episodes.close()
     for completion, question in zip(played, questions, strict=True):
-        sampled = SAMPLED[question][-1]  # what the gateway answered the agent: up to 3 tokens
-        assert completion.token_ids == sampled[:2] and completion.tool_mask == [1] * len(sampled[:2])
-        expected = FinishReason.LENGTH if len(sampled) > 2 else FinishReason.STOP
-        assert completion.finish_reason == expected
+        # What the gateway answered the agent: capped at the budget of 2 (the session's per-call cap is 3),
+        # so nothing was sampled only to be cut away.
+        sampled = SAMPLED[question][-1]
+        assert 1 <= len(sampled) <= 2
+        assert completion.token_ids == sampled and completion.tool_mask == [1] * len(sampled)
 
 
 def test_a_failing_replica_stops_the_other_episodes_of_its_batch(gateway_rollout, agent_target):

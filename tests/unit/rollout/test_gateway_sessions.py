@@ -93,17 +93,43 @@ def test_trajectory_and_ttl_codec_round_trip():
         [AgentSequence([5, 6, 7], [0, 1, 1], [0.0, -0.5, -0.25], [2, 3, 3])], 2, 4, 1
     )
     assert decode_agent_trajectory(encode_agent_trajectory(trajectory)) == trajectory
-    assert decode_open_agent_session_request(encode_open_agent_session_request(12.5)) == (12.5, None, None)
+    unset = (12.5, None, None, None)
+    assert decode_open_agent_session_request(encode_open_agent_session_request(12.5)) == unset
     assert decode_open_agent_session_request(encode_open_agent_session_request(0, None, 7))[2] == 7
-    many = encode_open_agent_sessions_request(16, 40.0, None, 3)
-    assert decode_open_agent_sessions_request(many) == (16, 40.0, None, 3)
+    many = encode_open_agent_sessions_request(16, 40.0, None, 3, 48)
+    assert decode_open_agent_sessions_request(many) == (16, 40.0, None, 3, 48)
     with pytest.raises(Exception, match="ttl_seconds"):
         decode_open_agent_session_request(encode_open_agent_session_request(-1))
+    with pytest.raises(Exception, match="max_completion_tokens"):
+        decode_open_agent_session_request(encode_open_agent_session_request(0, None, None, 0))
+
+
+def record(session, prompt_ids, sampled, parent=None):
+    """A finished call of ``session``: ``prompt_ids`` fed, ``sampled`` ids answered (one choice)."""
+    choice = SampledChoice(sampled, [0.0] * len(sampled), [0] * len(sampled), "", Message("assistant", ""))
+    session.record(CallRecord(session.next_index, "chat", prompt_ids, [choice], 0, parent=parent))
+
+
+def test_a_branchs_completion_budget_is_what_its_calls_added_after_its_roots_prompt():
+    registry = SessionRegistry(max_sessions=4, max_calls_per_session=8, ttl_s=60)
+    session = registry.get(registry.open(max_completion_tokens=10).session_id)
+    prompt = [1, 2, 3]
+    assert session.completion_tokens_left(prompt, None) == 10  # a first call: nothing spent
+    record(session, prompt, [4, 5, 6])
+    second = [*prompt, 4, 5, 6, 90, 91]  # the reply, then a tool result the agent wrote
+    assert session.completion_tokens_left(second, (0, 0)) == 5
+    record(session, second, [7, 8, 9, 10, 11], parent=(0, 0))
+    third = [*second, 7, 8, 9, 10, 11, 92]
+    assert session.completion_tokens_left(third, (1, 0)) == -1  # spent
+    # A rewritten history starts a branch of its own, with the whole budget.
+    assert session.completion_tokens_left([1, 2, 3, 50], None) == 10
+    unbounded = registry.get(registry.open().session_id)
+    assert unbounded.completion_tokens_left(prompt, None) is None
 
 
 def test_a_pinned_sampling_round_trips_with_unset_fields_at_their_defaults():
     request = encode_open_agent_session_request(5.0, {"temperature": 0.7, "top_k": 20, "max_tokens": None})
-    ttl, pinned, _ = decode_open_agent_session_request(request)
+    ttl, pinned, _, _ = decode_open_agent_session_request(request)
     assert ttl == 5.0 and pinned is not None
     assert (pinned.spec.temperature, pinned.spec.top_k, pinned.spec.top_p) == (pytest.approx(0.7), 20, 1.0)
     assert pinned.max_tokens is None  # no cap: each call keeps its own

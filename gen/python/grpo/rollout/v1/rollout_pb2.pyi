@@ -369,14 +369,16 @@ class CloseWeightChannelResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class OpenAgentSessionRequest(_message.Message):
-    __slots__ = ("ttl_seconds", "sampling", "min_policy_version")
+    __slots__ = ("ttl_seconds", "sampling", "min_policy_version", "max_completion_tokens")
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     MIN_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ttl_seconds: float
     sampling: SamplingParams
     min_policy_version: int
-    def __init__(self, ttl_seconds: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., min_policy_version: _Optional[int] = ...) -> None: ...
+    max_completion_tokens: int
+    def __init__(self, ttl_seconds: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., min_policy_version: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ...) -> None: ...
 
 class OpenAgentSessionResponse(_message.Message):
     __slots__ = ("session_id", "expires_unix_ms")
