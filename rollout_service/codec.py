@@ -412,8 +412,6 @@ def decode_open_agent_session_request(
         raise InvalidArgument(f"must be a finite number >= 0, got {msg.ttl_seconds}", field="ttl_seconds")
     min_version = msg.min_policy_version if msg.HasField("min_policy_version") else None
     budget = msg.max_completion_tokens if msg.HasField("max_completion_tokens") else None
-    if budget == 0:
-        raise InvalidArgument("must be at least 1 when set", field="max_completion_tokens")
     if not msg.HasField("sampling"):
         return msg.ttl_seconds, None, min_version, budget
     cap = msg.sampling.max_tokens if msg.sampling.HasField("max_tokens") else None
