@@ -39,16 +39,17 @@ same, the step's generation and training heavier.
    each run's steps). Target: agent ÷ own-loop step time <= 1.2.
 
 2. Chat-completions latency at ``--sessions`` (32) concurrent sessions: that many gateway sessions
-   (``RolloutClient.open_agent_session``), one ``openai.AsyncOpenAI`` client each, all sending the agent's
-   first request (the question of the first data row, the calculator tool, temperature 1, ``max_tokens``
-   ``--latency-max-tokens``) at once, ``--latency-rounds`` rounds (plus one warm-up); the seconds of each
-   call as the SDK returns it. Baseline: the same generation in this process, with no HTTP, session or SDK:
-   the same prompt token ids (the tokenizer's chat template with the tool and the generation prompt, as the
-   gateway renders them; checked against the ids the gateway reports) and sampling, sent as 32 concurrent
-   ``RolloutCore.generate`` calls to a core built as the service builds one (``build_core``: the same
-   engine class, batch scheduler and settings). Rounds alternate the two sides (ABBA); p50/p99 per call
-   (nearest rank, as in ``reward_bench.py``), each round's p50, and gateway ÷ in-process ratios. Runs
-   before part 1, while the service still serves the base weights as the in-process core does.
+   (``RolloutClient.open_agent_session``), each called through a copy of the agent's ``shared_client`` at its
+   base URL, all sending the agent's first request (the question of the first data row, the calculator tool,
+   temperature 1, ``max_tokens`` ``--latency-max-tokens``) at once, ``--latency-rounds`` rounds (plus one
+   warm-up); the seconds of each call as the SDK returns it. Baseline: the same generation in this process,
+   with no HTTP, session or SDK: the same prompt token ids (the tokenizer's chat template with the tool and
+   the generation prompt, as the gateway renders them; checked against the ids the gateway reports) and
+   sampling, sent as 32 concurrent ``RolloutCore.generate`` calls to a core built as the service builds one
+   (``build_core``: the same engine class, batch scheduler and settings). Rounds alternate the two sides
+   (ABBA); p50/p99 per call (nearest rank, as in ``reward_bench.py``), each round's p50, and gateway ÷
+   in-process ratios. Runs before part 1, while the service still serves the base weights as the in-process
+   core does.
 
 3. The agent's own SDK, to tell what the agent path costs from what the agent costs: CPU seconds of the
    bench process per ``chat.completions.create`` call made as the agent makes them (``--batch-size`` at
@@ -104,6 +105,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from examples.agents.calculator_task import Sampling, question_messages  # noqa: E402
+from examples.agents.openai_client import shared_client  # noqa: E402
 from examples.agents.openai_sdk_agent import CALCULATOR_TOOL, episode_player  # noqa: E402
 from tests.support.node_env import node_server  # noqa: E402
 
@@ -349,12 +351,8 @@ async def bench_latency(model: Path, rollout: str, gateway_url: str, task: dict,
     core = await build_core(RolloutSettings(model=str(model), engine="hf"))
     client = RolloutClient(rollout, timeout_s=60)
     tickets = [await asyncio.to_thread(client.open_agent_session) for _ in range(args.sessions)]
-    agents = [
-        openai.AsyncOpenAI(
-            base_url=f"{gateway_url}/sessions/{t.session_id}/v1", api_key="unused", max_retries=0
-        )
-        for t in tickets
-    ]
+    shared = shared_client()
+    agents = [shared.with_options(base_url=f"{gateway_url}/sessions/{t.session_id}/v1") for t in tickets]
     try:
         prompt_ids = chat_token_ids(
             core.tokenizer, messages, add_generation_prompt=True, tools=[CALCULATOR_TOOL]
@@ -401,8 +399,7 @@ async def bench_latency(model: Path, rollout: str, gateway_url: str, task: dict,
                     rounds[name].append(done)
         return rounds, canned
     finally:
-        for agent in agents:
-            await agent.close()
+        await shared.close()
         for ticket in tickets:
             await asyncio.to_thread(client.close_agent_session, ticket.session_id)
         client.close()
@@ -443,12 +440,12 @@ def wait_listening(port: int, timeout_s: float = 60.0) -> None:
 
 async def sdk_cpu_per_call(reply: bytes, messages: list[dict[str, Any]], args: argparse.Namespace) -> float:
     """CPU seconds of this process per ``chat.completions.create`` call made as the agent makes its calls (a
-    client per base URL from one shared client, the same request), ``--batch-size`` at once, against a
-    server in another process answering ``reply``, a reply the gateway gave."""
+    copy at the base URL of the agent's ``shared_client``, the same request), ``--batch-size`` at once,
+    against a server in another process answering ``reply``, a reply the gateway gave."""
     port = free_port()
     process = get_context("spawn").Process(target=serve_canned_reply, args=(port, reply), daemon=True)
     process.start()
-    shared = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+    shared = shared_client()
     try:
         await asyncio.to_thread(wait_listening, port)
 

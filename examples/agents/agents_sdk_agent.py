@@ -24,7 +24,6 @@ from agents import (
     function_tool,
     set_tracing_disabled,
 )
-from openai import AsyncOpenAI
 
 from examples.agents.calculator_task import (
     CALCULATOR_DESCRIPTION,
@@ -34,6 +33,7 @@ from examples.agents.calculator_task import (
     question_messages,
     reward,
 )
+from examples.agents.openai_client import shared_client
 from grpo_runtime.agent_server import RunEpisode, run_agent
 
 set_tracing_disabled(True)
@@ -53,9 +53,7 @@ def episode_player(sampling: Sampling) -> RunEpisode:
     """``run_episode(task, base_url, deadline)``: the agent answers the row's question within
     ``sampling.max_turns`` model calls. A model that calls no known tool or never stops scores 0."""
 
-    # One client for all episodes, each episode's a copy at its base URL sharing its connection pool
-    # (building an AsyncOpenAI builds an SSL context: about 57 ms of CPU per episode).
-    shared = AsyncOpenAI(base_url="http://127.0.0.1/v1", api_key="unused", max_retries=0)
+    shared = shared_client()
 
     async def run_episode(task: dict[str, Any], base_url: str, deadline: float | None):
         client = shared.with_options(base_url=base_url)

@@ -12,8 +12,6 @@ import json
 import logging
 from typing import Any
 
-import openai
-
 from examples.agents.calculator_task import (
     CALCULATOR_DESCRIPTION,
     CALCULATOR_PARAMETERS,
@@ -23,6 +21,7 @@ from examples.agents.calculator_task import (
     question_messages,
     reward,
 )
+from examples.agents.openai_client import shared_client
 from grpo_runtime.agent_server import RunEpisode, run_agent
 
 CALCULATOR_TOOL = {
@@ -52,10 +51,7 @@ def episode_player(sampling: Sampling) -> RunEpisode:
     """``run_episode(task, base_url, deadline)``: the model answers the row's question, calling the
     calculator as often as it likes within ``sampling.max_turns`` model calls."""
 
-    # One client for all episodes, each episode's a copy at its base URL sharing its connection pool:
-    # building an AsyncOpenAI builds an SSL context (about 57 ms of CPU), which would serialise the
-    # starts of a batch's episodes.
-    shared = openai.AsyncOpenAI(base_url="http://127.0.0.1/v1", api_key="unused", max_retries=0)
+    shared = shared_client()
 
     async def run_episode(task: dict[str, Any], base_url: str, deadline: float | None):
         client = shared.with_options(base_url=base_url)
