@@ -10,24 +10,16 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, BeforeValidator, Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from trainer_service.config.fields import StrictModel
-from trainer_service.config.rollout_targets import address_list, distinct_addresses, parse_target
+from trainer_service.config.rollout_targets import TargetList
 
 # Placeholders of training.agents.command, replaced when the command line starts the agent.
 PORT_PLACEHOLDER = "{port}"
 PYTHON_PLACEHOLDER = "{python}"
 # Placeholder of training.agents.gateway_url: the host of the replica an episode's session is on.
 HOST_PLACEHOLDER = "{host}"
-
-
-def _agent_target(text: str) -> str:
-    parse_target(text)
-    return text
-
-
-AgentTarget = Annotated[str, AfterValidator(_agent_target)]
 
 
 def _gateway_url(text: str) -> str:
@@ -53,17 +45,15 @@ class AgentsConfig(StrictModel):
     """Agents that play episodes against the policy through the rollout service's OpenAI-compatible gateway;
     the trainer trains on the tokens the gateway recorded (mask 1 on sampled tokens only)."""
 
-    target: Annotated[
-        list[AgentTarget] | None, BeforeValidator(address_list), AfterValidator(distinct_addresses)
-    ] = Field(
+    target: TargetList = Field(
         default=None,
         min_length=1,
         max_length=64,
         description="The AgentService address: HOST:PORT, or another gRPC target (unix:PATH, inside the "
         "trainer service's socket_roots for a run started over StartRun), dialled as services.* are; "
         "dns:///NAME:PORT spreads RunEpisode calls over every address the name resolves to (round robin: "
-        "a Kubernetes headless Service of agent pods). A list: several agent servers, the episodes of a "
-        "batch dealt to them in turn, an episode's retry to the next one. Exactly one of target and command.",
+        "a Kubernetes headless Service of agent pods). A list: several agent servers, the run's episodes "
+        "dealt to them in turn, an episode's retry to the next one. Exactly one of target and command.",
     )
     command: (
         Annotated[

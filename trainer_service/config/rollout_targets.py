@@ -12,7 +12,9 @@ Each entry is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator
 
 DNS_PREFIX = "dns:///"
 # gRPC URI schemes other than dns: one channel, one replica (ipv4:/ipv6: lists are refused below).
@@ -91,3 +93,16 @@ def distinct_addresses(value: list[str] | None) -> list[str] | None:
             if text in value[:index]:
                 raise ValueError(f"lists {text!r} twice (entries {value.index(text)} and {index})")
     return value
+
+
+def _checked_target(text: str) -> str:
+    parse_target(text)
+    return text
+
+
+# One entry: HOST:PORT, [IPV6]:PORT, dns:///NAME:PORT or another gRPC URI (unix:PATH).
+TargetText = Annotated[str, AfterValidator(_checked_target)]
+# A field of one entry or a list of distinct entries, read as a list (None = unset).
+TargetList = Annotated[
+    list[TargetText] | None, BeforeValidator(address_list), AfterValidator(distinct_addresses)
+]

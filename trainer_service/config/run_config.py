@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 # A config that cannot run raises the runtime's ConfigError naming the dotted key
 # (``training.optimizer.learning_rate: must be > 0``), so whatever handles a service's config error handles a
@@ -40,7 +40,7 @@ from trainer_service.config.agents import HOST_PLACEHOLDER
 from trainer_service.config.fields import FiniteParams, StrictModel
 from trainer_service.config.key_paths import nearest_key
 from trainer_service.config.retired_keys import without_retired_keys
-from trainer_service.config.rollout_targets import address_list, distinct_addresses, parse_target
+from trainer_service.config.rollout_targets import TargetList, TargetText, parse_target
 from trainer_service.config.tools import TOOLS_ENVIRONMENT
 from trainer_service.config.training import TrainingConfig
 from trainer_service.config.variants import PAPER_CLIP_RANGES, normalize_variant, validate_variant_params
@@ -107,24 +107,13 @@ class DataConfig(StrictModel):
     )
 
 
-def _rollout_target(text: str) -> str:
-    parse_target(text)
-    return text
-
-
-# One services.rollout entry: HOST:PORT, [IPV6]:PORT, dns:///NAME:PORT or another gRPC URI (unix:PATH).
-RolloutTargetText = Annotated[str, AfterValidator(_rollout_target)]
-
-
 class ServicesConfig(StrictModel):
     """Addresses of the reward and rollout services; unset = spawn local ones on free loopback ports."""
 
     reward: str | None = Field(
         default=None, description="Reward service HOST:PORT; None = spawn one locally."
     )
-    rollout: Annotated[
-        list[RolloutTargetText] | None, BeforeValidator(address_list), AfterValidator(distinct_addresses)
-    ] = Field(
+    rollout: TargetList = Field(
         default=None,
         min_length=1,
         description="One address or a list, each HOST:PORT (one replica) or dns:///NAME:PORT (every address "
@@ -132,7 +121,7 @@ class ServicesConfig(StrictModel):
         "gets every weight version and a share of each generation (trainer_service.rollout.replicas). "
         "None = one local rollout process.",
     )
-    environment: RolloutTargetText | None = Field(
+    environment: TargetText | None = Field(
         default=None,
         description="Environment service of tool episodes; None = the reward service. A locally spawned "
         "rollout service is configured to dial it; a remote one dials only its own configured targets, "
