@@ -419,7 +419,7 @@ def _tool_calls(message: Message) -> list[dict[str, Any]]:
 
 
 def _chat_logprobs(choice: Choice) -> dict[str, Any] | None:
-    if not choice.tokens:
+    if choice.tokens is None:
         return None
     return {
         "content": [
@@ -430,7 +430,7 @@ def _chat_logprobs(choice: Choice) -> dict[str, Any] | None:
 
 
 def _completion_logprobs(choice: Choice) -> dict[str, Any] | None:
-    if not choice.tokens:
+    if choice.tokens is None:
         return None
     offsets, at = [], 0
     for token in choice.tokens:

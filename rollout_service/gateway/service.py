@@ -128,15 +128,13 @@ class AgentGateway:
         calls = list(session.calls) if session is not None else []
         render = self._renderer.chat_prompt
         plan = await off_loop_unless(small, render, calls, request.messages, request.tools)
-        left = session.completion_tokens_left(plan.prompt_ids, plan.parent) if session is not None else None
-        if session is not None and left is not None and left < 1:
-            return self._spent(session, "chat", plan.prompt_ids, request.n)
+        logprobs = request.top_logprobs is not None
+        left = self._budget_left(session, plan)
+        if left is not None and left < 1:
+            return self._spent(session, "chat", plan.prompt_ids, request.n, logprobs)
         results = await self._generate(plan.prompt_ids, request.n, request.sampling, session, left)
         parse = bool(request.tools) and request.tool_choice != "none"
-        choices = [
-            self._choice(i, r, request.top_logprobs is not None, self._reply(r.text, parse))
-            for i, r in enumerate(results)
-        ]
+        choices = [self._choice(i, r, logprobs, self._reply(r.text, parse)) for i, r in enumerate(results)]
         if session is not None:
             self._record(session, "chat", plan, results, choices, request.messages, tools_key(request.tools))
         return self._answer("chat", plan.prompt_ids, choices)
@@ -154,11 +152,12 @@ class AgentGateway:
             )
         calls = list(session.calls) if session is not None else []
         plan = await off_loop_unless(small, self._renderer.completion_prompt, calls, request.prompt)
-        left = session.completion_tokens_left(plan.prompt_ids, plan.parent) if session is not None else None
-        if session is not None and left is not None and left < 1:
-            return self._spent(session, "completion", plan.prompt_ids, request.n)
+        logprobs = request.logprobs is not None
+        left = self._budget_left(session, plan)
+        if left is not None and left < 1:
+            return self._spent(session, "completion", plan.prompt_ids, request.n, logprobs)
         results = await self._generate(plan.prompt_ids, request.n, request.sampling, session, left)
-        choices = [self._choice(i, r, request.logprobs is not None) for i, r in enumerate(results)]
+        choices = [self._choice(i, r, logprobs) for i, r in enumerate(results)]
         if session is not None:
             text = request.prompt if isinstance(request.prompt, str) else ""
             self._record(session, "completion", plan, results, choices, prompt_text=text)
@@ -209,22 +208,34 @@ class AgentGateway:
         request = GenerateRequest((prompt,), n, spec, min_policy_version=min_version)
         return await self._core.generate(request, session.caller if session is not None else None)
 
+    @staticmethod
+    def _budget_left(session: Session | None, plan: PromptPlan) -> int | None:
+        """What is left of the call's branch's completion budget (None: no session, or no budget)."""
+        return session.completion_tokens_left(plan.prompt_ids, plan.parent) if session is not None else None
+
     def _spent(
-        self, session: Session, kind: Literal["chat", "completion"], prompt_ids: list[int], n: int
+        self,
+        session: Session | None,
+        kind: Literal["chat", "completion"],
+        prompt_ids: list[int],
+        n: int,
+        logprobs: bool,
     ) -> Answer:
         """The answer to a call made when its branch's completion budget is spent: ``n`` empty choices that
-        finished with length, nothing generated or recorded; its agent is not waited for."""
-        if session.caller is not None:
+        finished with length (empty logprobs where asked for), nothing generated or recorded; its agent is
+        not waited for."""
+        if session is not None and session.caller is not None:
             session.caller.idle()
         message = Message("assistant", "") if kind == "chat" else None
-        empty = [Choice(i, [], [], [], "", FinishReason.LENGTH, message) for i in range(n)]
+        tokens: list[str] | None = [] if logprobs else None
+        empty = [Choice(i, [], [], [], "", FinishReason.LENGTH, message, tokens) for i in range(n)]
         return self._answer(kind, prompt_ids, empty)
 
     def _choice(
-        self, index: int, result: CompletionResult, tokens: bool, message: Message | None = None
+        self, index: int, result: CompletionResult, logprobs: bool, message: Message | None = None
     ) -> Choice:
-        """``tokens``: decode each sampled id alone, for OpenAI's logprobs."""
-        decoded = [decode_text(self._core.tokenizer, [t]) for t in result.token_ids] if tokens else []
+        """``logprobs``: decode each sampled id alone, for OpenAI's logprobs."""
+        decoded = [decode_text(self._core.tokenizer, [t]) for t in result.token_ids] if logprobs else None
         return Choice(
             index,
             result.token_ids,

@@ -4,7 +4,7 @@ and a session's trajectory. Plain data; the OpenAI JSON shapes are :mod:`openai_
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from rollout_service.types import FinishReason, SamplingSpec
@@ -138,7 +138,7 @@ class CompletionRequest:
 @dataclass(frozen=True)
 class Choice:
     """One sampled completion: the engine's ids, logprobs and versions, the text (cut at a stop string),
-    and for chat the reply message. ``tokens``: each id decoded alone, for OpenAI's logprobs (empty when
+    and for chat the reply message. ``tokens``: each id decoded alone, for OpenAI's logprobs (None when
     none were asked for)."""
 
     index: int
@@ -148,7 +148,7 @@ class Choice:
     text: str
     finish_reason: FinishReason
     message: Message | None = None
-    tokens: list[str] = field(default_factory=list)
+    tokens: list[str] | None = None
 
 
 @dataclass(frozen=True)

@@ -245,7 +245,7 @@ def test_a_sessions_completion_budget_caps_each_call_at_what_is_left(running, ro
     first call's prompt, sampled and agent-written alike."""
 
     def complete(session_id: str, prompt: list[int], max_tokens: int) -> dict:
-        body = {"model": "tools", "prompt": prompt, "max_tokens": max_tokens, "seed": 0}
+        body = {"model": "tools", "prompt": prompt, "max_tokens": max_tokens, "seed": 0, "logprobs": 0}
         code, _, reply = post(
             running.base_url(session_id) + "/completions",
             json.dumps({**body, "return_token_ids": True}).encode(),
@@ -262,6 +262,7 @@ def test_a_sessions_completion_budget_caps_each_call_at_what_is_left(running, ro
     spent = [*extended, *second["token_ids"], *([11] * 6)]
     third = complete(ticket.session_id, spent, 40)
     assert third["token_ids"] == [] and third["finish_reason"] == "length"
+    assert third["logprobs"]["tokens"] == [] and len(second["logprobs"]["tokens"]) == len(second["token_ids"])
     trajectory = rollout.agent_trajectory(ticket.session_id, close=True)
     assert trajectory.calls == 2  # the spent call generated and recorded nothing
     (sequence,) = trajectory.sequences

@@ -180,6 +180,25 @@ def test_answers_and_chunks_have_vllms_shape():
     )
 
 
+def test_logprobs_are_null_unless_asked_for_and_empty_for_an_empty_completion():
+    """As vLLM answers: ``logprobs: null`` when none were asked for; asked for, a completion without tokens
+    (a session's spent budget) has an empty list, not null."""
+
+    def encoded(kind: str, tokens: list[str] | None) -> dict:
+        message = Message("assistant", "") if kind == "chat" else None
+        choice = Choice(0, [], [], [], "", FinishReason.LENGTH, message, tokens)
+        return openai_codec.encode_answer(Answer("id-1", kind, 7, "tools", [1], [choice]))["choices"][0]
+
+    assert encoded("chat", None)["logprobs"] is None and encoded("completion", None)["logprobs"] is None
+    assert encoded("chat", [])["logprobs"] == {"content": []}
+    assert encoded("completion", [])["logprobs"] == {
+        "tokens": [],
+        "token_logprobs": [],
+        "top_logprobs": [],
+        "text_offset": [],
+    }
+
+
 def test_core_fields_are_renamed_to_the_callers():
     assert openai_codec.openai_field("sampling.top_p", "messages") == "top_p"
     assert openai_codec.openai_field("sampling.max_tokens", "messages") == "max_tokens"
