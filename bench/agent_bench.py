@@ -77,7 +77,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import openai
 import psutil
@@ -144,13 +144,14 @@ def start_services(model: Path, log_dir: Path, stack: ExitStack) -> tuple[LocalS
     return services, f"http://127.0.0.1:{port}"
 
 
-def counted(run_episode: RunEpisode, log: Path) -> RunEpisode:
-    """``run_episode`` that appends each finished episode's tool calls to ``log`` (one JSON line each)."""
+def counted(run_episode: RunEpisode, log: TextIO) -> RunEpisode:
+    """``run_episode`` that writes each finished episode's tool calls to ``log`` (one JSON line each, flushed:
+    the bench reads the file between runs)."""
 
     async def run(task: dict[str, Any], base_url: str, deadline: float | None):
         reward, metadata = await run_episode(task, base_url, deadline)
-        with log.open("a") as lines:
-            lines.write(json.dumps({"tool_calls": metadata["tool_calls"]}) + "\n")
+        log.write(json.dumps({"tool_calls": metadata["tool_calls"]}) + "\n")
+        log.flush()
         return reward, metadata
 
     return run
@@ -158,7 +159,8 @@ def counted(run_episode: RunEpisode, log: Path) -> RunEpisode:
 
 def serve_agent_process(port: int, sampling: Sampling, log: Path) -> None:
     """The OpenAI-SDK calculator agent served on ``port`` until stopped (the target of a spawned process)."""
-    asyncio.run(run_agent(counted(episode_player(sampling), log), port=port))
+    with log.open("a") as lines:  # opened once: the agent's CPU per step should be the agent's
+        asyncio.run(run_agent(counted(episode_player(sampling), lines), port=port))
 
 
 def start_agent(sampling: Sampling, log: Path, stack: ExitStack) -> tuple[str, int]:
