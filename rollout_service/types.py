@@ -195,8 +195,9 @@ class GenerationJob:
     n: int
     sampling: SamplingSpec
     cancel: CancelToken = field(default_factory=CancelToken)
-    # An episode's key (one prompt, n = 1): the engine may keep this sequence's KV cache for the next turn,
-    # whose prompt extends it, until ``Engine.release_session``.
+    # An episode's or a gateway session's key: the engine may keep the KV cache of a sequence of this job for
+    # the next call, whose prompt extends it, until ``Engine.release_session`` (of several rows, one of them;
+    # a prompt that extends none of it is prefilled whole).
     session: str | None = None
     results: list[RawCompletion] = field(default_factory=list)
     policy_version: int = 0  # set by the core: the version that served the batch (when it started)

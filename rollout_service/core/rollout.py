@@ -162,10 +162,12 @@ class RolloutCore:
 
     # --------------------------------------------------------------- generate
     async def generate(
-        self, request: GenerateRequest, caller: Caller | None = None
+        self, request: GenerateRequest, caller: Caller | None = None, session: str | None = None
     ) -> list[CompletionResult]:
         """Sample ``n`` completions per prompt, prompt-major; ``caller``: the registered caller making it
-        (:meth:`register_caller`).
+        (:meth:`register_caller`); ``session``: a key under which the engine may keep the KV cache of a
+        sequence it samples for a later call whose prompt extends it (``GenerationJob.session``), until
+        :meth:`release_session`.
 
         Tokenizing, decoding and checking run in worker threads: a request of thousands of long
         prompts must not hold the event loop that serves every other caller. Those of a request of token
@@ -184,6 +186,7 @@ class RolloutCore:
                 self.sleep_state.check_generate()
                 return await self.episodes.run(request, sampling)
             job = await off_loop_unless(small_prompts(request), self.validator.to_job, request)
+            job.session = session
             await self.version_waits.reach(job.min_policy_version)
             self.sleep_state.check_generate()
             await self._scheduler.submit(job, caller)
@@ -191,6 +194,10 @@ class RolloutCore:
             return await off_loop_unless(small, self._completions, request, job)
         finally:
             self.generates_in_flight -= 1
+
+    def release_session(self, session: str) -> None:
+        """Forget what the engine kept for ``session`` (:meth:`generate`)."""
+        self.engine.release_session(session)
 
     async def _generate_turn(self, job: GenerationJob, caller: Caller) -> None:
         """One turn of an episode: a one-row job through the same batches as every Generate call."""

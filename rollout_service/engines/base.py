@@ -85,7 +85,7 @@ class Engine(ABC):
         """Restore what sleep freed for ``tags`` ⊆ {"weights", "kv_cache"}."""
 
     def release_session(self, session: str) -> None:  # noqa: B027 - engines without session state
-        """Forget what the engine kept for an episode's ``GenerationJob.session`` (its episode ended)."""
+        """Forget what the engine kept for ``GenerationJob.session`` (its episode or session ended)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, most engines need nothing
         """Release the engine's resources at shutdown."""

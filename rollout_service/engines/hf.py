@@ -349,6 +349,11 @@ class HFEngine(Engine):
     def release_session(self, session: str) -> None:
         self._sessions.pop(session, None)
 
+    @property
+    def kept_sessions(self) -> frozenset[str]:
+        """The keys (``GenerationJob.session``) whose KV caches are kept for a next call."""
+        return frozenset(self._sessions)
+
     def _append(self, row: _Row, token: int, logprob: float, version: int | None = None) -> None:
         if row.finish is not None:
             return

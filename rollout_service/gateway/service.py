@@ -4,7 +4,9 @@ batches, engine, validation and limits) as ``Generate``.
 A call is served outside a session (the current policy, as ``Generate``; off when
 ``gateway.serve_without_session`` is false) or inside one, where it is admitted against the session's call
 bound, its prompt reuses the ids of the call it extends (:mod:`conversation`) and, once generated, it is
-recorded (:mod:`sessions`); a failed generation records nothing.
+recorded (:mod:`sessions`); a failed generation records nothing. A session's calls carry its key to the
+engine, which may keep the KV cache of a reply for the session's next call (whose prompt holds the reply's
+exact ids), as the episode loop's turns do; the key is released when the session closes or expires.
 
 Tool calls in a chat reply are parsed with the episode loop's parser (``core.tool_calls``: Hermes/Qwen
 ``<tool_call>{"name", "arguments"}</tool_call>`` blocks) when the request has tools and ``tool_choice`` is
@@ -46,6 +48,11 @@ from rollout_service.settings import GatewaySettings
 from rollout_service.types import CompletionResult, FinishReason, GenerateRequest, PromptInput
 
 
+def engine_session(session_id: str) -> str:
+    """The engine's key for a gateway session's KV cache (apart from the episode loop's keys)."""
+    return f"gateway/{session_id}"
+
+
 class AgentGateway:
     """``model_name``: the id ``/v1/models`` lists and every answer carries (requests may name any model:
     there is one policy)."""
@@ -63,6 +70,7 @@ class AgentGateway:
             ttl_s=settings.session_ttl_s,
             clock=clock,
             register=core.register_caller,
+            release=lambda session_id: core.release_session(engine_session(session_id)),
         )
         self._renderer = ConversationRenderer(core.tokenizer)
         self.started = int(clock())  # the model's "created" in /v1/models
@@ -206,7 +214,14 @@ class AgentGateway:
         prompt = PromptInput(token_ids=tuple(prompt_ids))
         min_version = session.min_policy_version if session is not None else None
         request = GenerateRequest((prompt,), n, spec, min_policy_version=min_version)
-        return await self._core.generate(request, session.caller if session is not None else None)
+        if session is None:
+            return await self._core.generate(request)
+        key = engine_session(session.session_id)
+        try:
+            return await self._core.generate(request, session.caller, key)
+        finally:
+            if session.closed:  # while the call ran: what the engine kept after the release goes too
+                self._core.release_session(key)
 
     @staticmethod
     def _budget_left(session: Session | None, plan: PromptPlan) -> int | None:

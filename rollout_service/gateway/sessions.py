@@ -4,7 +4,8 @@ A session id is ``secrets.token_urlsafe(24)`` (192 random bits): holding it is t
 policy under ``/sessions/<id>/v1`` and to have the calls recorded. The registry is bounded (``max_sessions``
 open at once, ``max_calls_per_session`` calls each); both refusals are ResourceExhausted with a retry hint,
 which the gateway answers as 429 with ``Retry-After``. An unknown or expired id is NotFound (404).
-Expired sessions are dropped when the registry is next used.
+Expired sessions are dropped when the registry is next used; ``release`` is told each dropped session's id
+(the gateway frees the KV cache the engine kept for it).
 
 Each open session is a registered caller of the batch scheduler (``register``, ``scheduler.Caller``). Before
 its first call, and after a reply that asked for tool results, its agent is about to call again (it runs the
@@ -78,6 +79,7 @@ class Session:
     retokenized_tokens: int = 0
     prefix_mismatches: int = 0
     caller: Caller | None = field(default=None, repr=False)  # its handle with the batch scheduler
+    closed: bool = False  # closed or expired, and dropped from the registry
 
     def admit_call(self, now: float) -> None:
         """Count one more call; ResourceExhausted past ``max_calls``."""
@@ -127,12 +129,14 @@ class SessionRegistry:
         ttl_s: float,
         clock: Callable[[], float] = time.time,
         register: Callable[[], Caller] | None = None,
+        release: Callable[[str], None] | None = None,
     ) -> None:
         self.max_sessions = max_sessions
         self.max_calls_per_session = max_calls_per_session
         self.ttl_s = ttl_s
         self._clock = clock
         self._register = register
+        self._release = release
         self._sessions: dict[str, Session] = {}
 
     def __len__(self) -> int:
@@ -210,8 +214,13 @@ class SessionRegistry:
 
     def _drop(self, session_id: str) -> Session | None:
         session = self._sessions.pop(session_id, None)
-        if session is not None and session.caller is not None:
+        if session is None:
+            return None
+        session.closed = True
+        if session.caller is not None:
             session.caller.close()
+        if self._release is not None:
+            self._release(session_id)
         return session
 
     def _drop_expired(self) -> None:

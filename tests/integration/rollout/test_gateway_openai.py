@@ -9,6 +9,7 @@ the batch), then replays it in a session.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.error
@@ -25,7 +26,7 @@ from grpo_runtime.call_errors import ServiceCallError
 from grpo_runtime.errors import NotFound
 from rollout_service.client import RolloutClient
 from rollout_service.gateway.http_app import INLINE_BODY_BYTES
-from rollout_service.gateway.service import AgentGateway
+from rollout_service.gateway.service import AgentGateway, engine_session
 from rollout_service.server import binding, build_core, build_gateway
 from rollout_service.settings import GatewaySettings, RolloutSettings
 from tests.support.episodes import evaluate
@@ -120,9 +121,14 @@ def test_a_tool_loop_through_the_sdk_is_one_exact_sequence(running, rollout):
         except (ValueError, KeyError, TypeError, SyntaxError) as exc:
             result = f"error: {exc}"
         messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    engine = running.core.engine
+    before = engine.prefill_tokens, engine.reused_tokens
     second = ask(sdk, messages, seed + 1)
+    key = engine_session(ticket.session_id)
+    assert key in engine.kept_sessions
 
     trajectory = rollout.agent_trajectory(ticket.session_id, close=True)
+    assert key not in engine.kept_sessions  # released with the session
     assert trajectory.calls == 2 and trajectory.prefix_mismatches == 0 and trajectory.retokenized_tokens == 0
     (sequence,) = trajectory.sequences
     first_ids = first.choices[0].model_extra["token_ids"]
@@ -131,6 +137,11 @@ def test_a_tool_loop_through_the_sdk_is_one_exact_sequence(running, rollout):
     prompt1, prompt2 = first.model_extra["prompt_token_ids"], second.model_extra["prompt_token_ids"]
     assert prompt2[: len(prompt1) + len(first_ids)] == prompt1 + first_ids
     assert sequence.token_ids == prompt2 + second_ids
+    # The engine kept the first call's KV: the second computed only the first reply's last id (sampled, never
+    # fed) and the tool message.
+    reused = len(prompt1) + len(first_ids) - 1
+    assert engine.reused_tokens - before[1] == reused
+    assert engine.prefill_tokens - before[0] == len(prompt2) - reused
     sampled = [t for t, m in zip(sequence.token_ids, sequence.loss_mask, strict=True) if m]
     assert sampled == first_ids + second_ids
     assert sequence.loss_mask == [0] * len(prompt1) + [1] * len(first_ids) + [0] * (
@@ -375,6 +386,19 @@ def test_a_steps_sessions_open_in_one_call(running, rollout):
     finally:
         for ticket in tickets:
             rollout.close_agent_session(ticket.session_id)
+
+
+def test_a_session_closed_during_its_call_keeps_no_kv_cache(running, rollout):
+    """Whether the close lands before, during or after the call, the engine keeps nothing for the session
+    once both are done."""
+    ticket = rollout.open_agent_session()
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(ask, running.sdk(ticket.session_id), [QUESTION], 0, 64, temperature=1.0)
+        time.sleep(0.02)
+        assert rollout.close_agent_session(ticket.session_id)
+        with contextlib.suppress(openai.NotFoundError):  # closed before the call was admitted
+            call.result(timeout=60)
+    assert engine_session(ticket.session_id) not in running.core.engine.kept_sessions
 
 
 def test_a_body_too_large_to_decode_inline_is_served_the_same(running):

@@ -88,6 +88,23 @@ def test_sessions_open_together_all_or_none():
     assert registry.open_many(1)
 
 
+def test_a_dropped_sessions_id_is_released_once_whether_closed_or_expired():
+    clock = Clock()
+    released: list[str] = []
+    registry = SessionRegistry(
+        max_sessions=4, max_calls_per_session=2, ttl_s=30, clock=clock, release=released.append
+    )
+    closed, expiring, open_ = registry.open_many(3)
+    session = registry.get(closed.session_id)
+    assert registry.close(closed.session_id) and not registry.close(closed.session_id)
+    assert session.closed and released == [closed.session_id]
+    clock.now += 31
+    with pytest.raises(NotFound):
+        registry.get(expiring.session_id)
+    assert len(registry) == 0  # the other expired one goes with the next use
+    assert sorted(released[1:]) == sorted([expiring.session_id, open_.session_id])
+
+
 def test_trajectory_and_ttl_codec_round_trip():
     trajectory = AgentTrajectory(
         [AgentSequence([5, 6, 7], [0, 1, 1], [0.0, -0.5, -0.25], [2, 3, 3])], 2, 4, 1
