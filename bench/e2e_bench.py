@@ -539,12 +539,14 @@ def bench_trl_async(config_dict: dict, data: Path, url: str) -> dict:
 
 
 def source_commit() -> str | None:
-    """The checkout's HEAD (``+dirty`` when tracked files differ from it), None outside a git checkout."""
+    """The checkout's HEAD (``+dirty`` when tracked files other than ``bench/results/``, the benches' output,
+    differ from it), None outside a git checkout."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
         )
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT, check=False).returncode != 0
+        diff = ["git", "diff", "--quiet", "HEAD", "--", ".", ":(exclude)bench/results"]
+        dirty = subprocess.run(diff, cwd=ROOT, check=False).returncode != 0
     except (OSError, subprocess.CalledProcessError):
         return None
     return head.stdout.strip() + ("+dirty" if dirty else "")
