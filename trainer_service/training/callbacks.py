@@ -69,8 +69,8 @@ class MetricsCallback(TrainerCallback):
         for path in (self.path, self.eval_path):
             kept = []
             if path.exists():
-                for line in path.read_text().splitlines():
-                    if line.strip() and json.loads(line).get("step", 0) <= state.global_step:
+                for line in complete_lines(path.read_text()):
+                    if json.loads(line).get("step", 0) <= state.global_step:
                         kept.append(line)
             path.write_text("".join(f"{line}\n" for line in kept))
         self._sink(JobEvent(step=state.global_step, total_steps=state.max_steps, state=RunState.RUNNING))
@@ -123,9 +123,17 @@ class StopCallback(TrainerCallback):
         return control
 
 
+def complete_lines(text: str) -> list[str]:
+    """The non-blank lines of a JSON-lines file that end with a newline. Each record is written with its
+    newline, so a last line without one is a record still being written (a reader of a live run's file) or
+    one cut short by a kill: not a record yet."""
+    lines = text.split("\n")[:-1]  # what follows the last newline is incomplete (or empty)
+    return [line for line in lines if line.strip()]
+
+
 def read_metrics(path: Path) -> list[dict[str, float]]:
-    """Read a ``metrics.jsonl`` file into a list of records."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """Read a ``metrics.jsonl`` file into a list of records (:func:`complete_lines`)."""
+    return [json.loads(line) for line in complete_lines(Path(path).read_text())]
 
 
 def plot_reward_curve(metrics_path: Path, out_path: Path, eval_path: Path | None = None) -> Path | None:

@@ -137,6 +137,19 @@ def test_metrics_callback_writes_steps_and_truncates_on_resume(tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
 
 
+def test_a_record_cut_short_is_not_read_and_a_resume_drops_it(tmp_path):
+    """A process killed while it appends a line leaves it without its newline, as a reader of a live run's
+    file can find one being written: neither reading nor resuming chokes on it."""
+    path = tmp_path / "metrics.jsonl"
+    whole = "".join(json.dumps({"step": step, "reward": 0.5}) + "\n" for step in (1, 2))
+    path.write_text(whole + '{"step": 3, "reward": 0.')
+    assert [r["step"] for r in read_metrics(path)] == [1, 2]
+    callback = MetricsCallback(tmp_path, lambda event: None)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    callback.on_train_begin(args, _state(2), TrainerControl())
+    assert path.read_text() == whole
+
+
 def test_reward_curve_png(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": i, "reward": i * 0.1}) + "\n" for i in range(1, 6)))
