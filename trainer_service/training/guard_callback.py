@@ -30,6 +30,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState
 
 from trainer_service.core.types import EventSink, JobEvent, RunState, discard
 from trainer_service.rollout.weight_sync import WeightSync
+from trainer_service.training.callbacks import complete_lines
 from trainer_service.training.evaluation import EvaluationCallback
 from trainer_service.training.guards import EvalGate, Finding, Guards, StepVerdict
 
@@ -90,8 +91,8 @@ class GuardCallback(TrainerCallback):
         if state.is_world_process_zero:
             kept = []
             if self.path.exists():
-                kept = [line for line in self.path.read_text().splitlines() if line.strip()]
-                kept = [line for line in kept if json.loads(line)["step"] <= state.global_step]
+                lines = complete_lines(self.path.read_text())
+                kept = [line for line in lines if json.loads(line)["step"] <= state.global_step]
             self.path.write_text("".join(f"{line}\n" for line in kept))
         gate = self.guards.eval_gate
         if gate is not None and self.evaluation is not None and self.evaluation.last is not None:

@@ -245,3 +245,15 @@ def test_rollback_skips_the_weights_that_sampled_the_bad_batch(tmp_path):
     assert rolled.last_good_checkpoint()[0] == 1
     rolled.rule_out(2, finding("echo_trap"))
     assert rolled.last_good_checkpoint() is None
+
+
+def test_a_resume_keeps_the_guard_records_up_to_its_step_and_drops_a_torn_one(tmp_path):
+    """Resuming from checkpoint-2 keeps guards.jsonl's records of steps 1 and 2; step 3's, and a last line
+    a kill cut short, go (the resumed run writes what it finds again)."""
+    path = tmp_path / "guards.jsonl"
+    whole = [json.dumps({"step": step, "guard": "echo_trap"}) + "\n" for step in (1, 2, 3)]
+    path.write_text("".join(whole) + '{"step": 4, "gua')
+    guards = GuardCallback(Guards(GuardsConfig()), tmp_path, None, None)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=2)
+    guards.on_train_begin(None, state, None)
+    assert path.read_text() == "".join(whole[:2])
