@@ -104,6 +104,10 @@ class RolloutSettings(BaseModel):
         "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     )
     max_batch_size: int = Field(256, ge=1)  # sequences per forward pass (hf) / max_num_seqs (vllm)
+    # HF engine: bytes of KV cache kept between an episode's turns and a gateway session's calls, for the
+    # next call's prefill; past it the least recently used sessions' caches go (their next call is
+    # prefilled whole). 0: keep none. vLLM manages its own (vllm.enable_prefix_caching).
+    session_cache_bytes: int = Field(2 << 30, ge=0)
     max_model_len: int | None = Field(None, ge=2)  # default: the model's max_position_embeddings
     max_prompts: int = Field(4096, ge=1)  # prompts per Generate call
     # Work one Generate may ask for: sequences (prompts × n) and tokens (prompts × n × max_tokens,

@@ -52,6 +52,7 @@ from grpo_runtime.model_classes import auto_model_class, image_placeholder, load
 from grpo_runtime.tokenizing import decode_text
 from rollout_service.engines.base import Engine, UpdatePause, derive_seed
 from rollout_service.engines.hf_cache import decode_cache, seeded_layers
+from rollout_service.engines.hf_sessions import SessionCache, SessionCaches
 from rollout_service.engines.sampling import RowParams, sample_rows, sampling_logits, tempered_logprobs
 from rollout_service.memory import release_freed_memory
 from rollout_service.types import FinishReason, GenerationJob, RawCompletion, SamplingSpec
@@ -60,15 +61,6 @@ from rollout_service.weights import LoraAdapter, ValidatedUpdate
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Compact the batch (drop finished rows from the KV cache) when this share of rows is done.
 COMPACT_FRACTION = 0.25
-
-
-@dataclass
-class _SessionCache:
-    """An episode's KV cache after its last turn: per layer (kv_heads, len(tokens), head_dim) tensors."""
-
-    tokens: list[int]
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
 
 
 @dataclass
@@ -100,6 +92,7 @@ class HFEngine(Engine):
         max_batch_size: int = 256,
         max_model_len: int | None = None,
         seed: int = 0,
+        session_cache_bytes: int = 2 << 30,
     ) -> None:
         self.model_dir = str(model_dir)
         self.device = device
@@ -123,8 +116,9 @@ class HFEngine(Engine):
         self._snapshot = Path(tempfile.gettempdir()) / f"rollout-hf-{os.getpid()}-{id(self)}.safetensors"
         self._seed_source = random.Random(seed)
         self._seed_lock = threading.Lock()
-        # Episodes' KV caches between turns (GenerationJob.session), and what prefill computed vs reused.
-        self._sessions: dict[str, _SessionCache] = {}
+        # Episodes' and gateway sessions' KV caches between calls (GenerationJob.session), within
+        # session_cache_bytes; and what prefill computed vs reused.
+        self._sessions = SessionCaches(session_cache_bytes)
         self.prefill_tokens = 0
         self.reused_tokens = 0
 
@@ -188,7 +182,7 @@ class HFEngine(Engine):
             seed = derive_seed(sampling.seed, prompt_index, sample_index)
         return torch.Generator().manual_seed(seed)
 
-    def _cached_prefix(self, row: _Row, context: list[int]) -> _SessionCache | None:
+    def _cached_prefix(self, row: _Row, context: list[int]) -> SessionCache | None:
         """The row's episode cache when it holds a proper prefix of ``context`` (else None). A row with images
         has none: its image tokens take their features from this prefill's pixel inputs."""
         if row.images:
@@ -307,7 +301,7 @@ class HFEngine(Engine):
             out[key] = tensor.to(self.device, self._dtype if tensor.is_floating_point() else tensor.dtype)
         return out
 
-    def _seed(self, cache, cached: list[_SessionCache | None], lengths: list[int], reused: int) -> None:
+    def _seed(self, cache, cached: list[SessionCache | None], lengths: list[int], reused: int) -> None:
         """Fill the cache's first ``reused`` positions with each row's cached KV, right-aligned, zeros
         elsewhere (masked: zeros rather than empty memory keep stray NaNs out of the masked sum)."""
         for layer_index, layer in enumerate(cache.layers):
@@ -325,9 +319,13 @@ class HFEngine(Engine):
         self, cache, attention, width: int, rows: list[_Row], active: list[int], batch_rows
     ) -> None:
         """Store the KV of finished episode rows (batch indices ``batch_rows``) for their next turn: the
-        prompt's positions and the generated tokens fed back (all but the last, which was never fed)."""
+        prompt's positions and the generated tokens fed back (all but the last, which was never fed); one
+        larger than the whole budget is not copied out."""
         if not seeded_layers(cache):
             return
+        token_bytes = sum(
+            2 * t[0, :, 0].numel() * t.element_size() for t in (layer.keys for layer in cache.layers)
+        )
         for b in batch_rows:
             row = rows[active[b]]
             if (
@@ -337,22 +335,35 @@ class HFEngine(Engine):
                 or row.images
             ):
                 continue
+            tokens = row.prompt + row.tokens[:-1]
+            if not self._sessions.fits(len(tokens) * token_bytes):
+                self._sessions.release(row.job.session)  # its kept cache is of an older call
+                continue
             fed = len(row.tokens) - row.prefilled - 1
             real = torch.cat([attention[b, :width].nonzero()[:, 0], torch.arange(width, width + fed)])
             index = real.to(self.device)
-            self._sessions[row.job.session] = _SessionCache(
-                row.prompt + row.tokens[:-1],
-                [layer.keys[b][:, index].clone() for layer in cache.layers],
-                [layer.values[b][:, index].clone() for layer in cache.layers],
+            self._sessions.put(
+                row.job.session,
+                SessionCache(
+                    tokens,
+                    [layer.keys[b][:, index].clone() for layer in cache.layers],
+                    [layer.values[b][:, index].clone() for layer in cache.layers],
+                ),
             )
 
     def release_session(self, session: str) -> None:
-        self._sessions.pop(session, None)
+        self._sessions.release(session)
 
     @property
     def kept_sessions(self) -> frozenset[str]:
         """The keys (``GenerationJob.session``) whose KV caches are kept for a next call."""
-        return frozenset(self._sessions)
+        return self._sessions.sessions
+
+    @property
+    def session_caches(self) -> SessionCaches:
+        """The kept caches: their bytes (``nbytes``), budget (``max_bytes``) and how many were dropped for
+        room (``evicted``)."""
+        return self._sessions
 
     def _append(self, row: _Row, token: int, logprob: float, version: int | None = None) -> None:
         if row.finish is not None:

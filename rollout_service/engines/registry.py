@@ -92,6 +92,7 @@ def _build_hf(model_dir: str, settings: RolloutSettings) -> Engine:
         max_batch_size=settings.max_batch_size,
         max_model_len=settings.max_model_len,
         seed=settings.seed,
+        session_cache_bytes=settings.session_cache_bytes,
     )
 
 

@@ -1,11 +1,16 @@
 """The HF engine keeps an episode's KV cache between turns: the next turn computes only its new tokens, and
-samples exactly what recomputing the whole prefix samples."""
+samples exactly what recomputing the whole prefix samples. What it keeps stays within a byte budget, the
+least recently used session's cache going first."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from rollout_service.engines.hf import HFEngine
+from rollout_service.engines.hf_sessions import SessionCache, SessionCaches
+from rollout_service.engines.registry import build_engine
+from rollout_service.settings import RolloutSettings
 from rollout_service.types import FinishReason, GenerationJob, SamplingSpec
 
 GREEDY = SamplingSpec(temperature=0.0, max_tokens=8)
@@ -82,3 +87,50 @@ def test_sleep_drops_every_kept_cache(engine):
     turn(engine, grown, session="c")
     assert engine.prefill_tokens - before == len(grown)
     engine.release_session("c")
+
+
+def kv(tokens: int) -> SessionCache:
+    """A cache of ``tokens`` positions, 16 bytes each (one layer, keys and values of 2 float32)."""
+    return SessionCache(list(range(tokens)), [torch.zeros(1, tokens, 2)], [torch.zeros(1, tokens, 2)])
+
+
+def test_kept_caches_stay_within_the_budget_least_recently_used_first():
+    caches = SessionCaches(max_bytes=12 * 16)  # three caches of 4 tokens
+    for session in "abc":
+        caches.put(session, kv(4))
+    assert caches.get("a") is not None  # now the most recently used
+    caches.put("d", kv(4))
+    assert (caches.sessions, caches.evicted) == ({"a", "c", "d"}, 1)
+    caches.put("c", kv(8))  # replaces c's own cache; the oldest other one goes to make room
+    assert (caches.sessions, caches.nbytes, caches.evicted) == ({"c", "d"}, 12 * 16, 2)
+    caches.put("e", kv(16))  # larger than the whole budget: not kept, nothing else goes
+    assert (caches.sessions, caches.evicted) == ({"c", "d"}, 3)
+    caches.release("d")
+    caches.release("unknown")
+    assert (caches.sessions, caches.nbytes) == ({"c"}, 8 * 16)
+    caches.clear()
+    assert (caches.sessions, caches.nbytes) == (frozenset(), 0)
+
+
+def test_a_cache_dropped_for_room_costs_a_whole_prefill_and_changes_no_token(engine, tiny_models):
+    prompt = [1, 405, 202, 505, 307]
+    turn(engine, prompt, session="probe")
+    one_cache = engine.session_caches.nbytes
+    engine.release_session("probe")
+    settings = RolloutSettings(engine="hf", device="cpu", session_cache_bytes=one_cache)
+    small = build_engine(str(tiny_models["policy"]), settings)
+    first = turn(small, prompt, session="a")
+    turn(small, prompt, session="b")
+    assert (small.kept_sessions, small.session_caches.evicted) == ({"b"}, 1)
+    grown = prompt + first.token_ids + TOOL_TOKENS
+    before = small.prefill_tokens
+    again = turn(small, grown, session="a")
+    assert small.prefill_tokens - before == len(grown)
+    assert again.token_ids == turn(engine, grown).token_ids
+    assert small.session_caches.nbytes <= one_cache
+
+
+def test_a_zero_budget_keeps_no_cache(tiny_models):
+    none_kept = HFEngine(str(tiny_models["policy"]), session_cache_bytes=0)
+    first = turn(none_kept, [1, 405, 202], session="a")
+    assert first.token_ids and none_kept.kept_sessions == frozenset()
