@@ -87,6 +87,14 @@ class GatewaySettings(BaseModel):
     max_calls_per_session: int = Field(
         1024, ge=1, description="Model calls one session may make; more is 429 with Retry-After."
     )
+    max_recorded_tokens: int = Field(
+        1 << 26,
+        ge=1,
+        description="Token ids the open sessions' recorded calls hold in all (each call's prompt, its "
+        "template rendering and its choices; a session's calls each hold their whole conversation, so "
+        "this grows with calls × context). A call made when it is reached is 429 with Retry-After, "
+        "nothing generated; closing sessions frees theirs.",
+    )
     session_ttl_s: float = Field(
         3600.0, gt=0, description="Lifetime of a session (the default and ceiling of OpenAgentSession's ttl)."
     )

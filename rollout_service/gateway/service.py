@@ -20,6 +20,7 @@ import dataclasses
 import re
 import time
 import uuid
+from array import array
 from typing import Literal
 
 from grpo_runtime.errors import InvalidArgument, NotFound
@@ -68,6 +69,7 @@ class AgentGateway:
             max_sessions=settings.max_sessions,
             max_calls_per_session=settings.max_calls_per_session,
             ttl_s=settings.session_ttl_s,
+            max_recorded_tokens=settings.max_recorded_tokens,
             clock=clock,
             register=core.register_caller,
             release=lambda session_id: core.release_session(engine_session(session_id)),
@@ -136,6 +138,7 @@ class AgentGateway:
         calls = list(session.calls) if session is not None else []
         render = self._renderer.chat_prompt
         plan = await off_loop_unless(small, render, calls, request.messages, request.tools)
+        self._check_record_room(session, plan)
         logprobs = request.top_logprobs is not None
         left = self._budget_left(session, plan)
         if left is not None and left < 1:
@@ -160,6 +163,7 @@ class AgentGateway:
             )
         calls = list(session.calls) if session is not None else []
         plan = await off_loop_unless(small, self._renderer.completion_prompt, calls, request.prompt)
+        self._check_record_room(session, plan)
         logprobs = request.logprobs is not None
         left = self._budget_left(session, plan)
         if left is not None and left < 1:
@@ -222,6 +226,11 @@ class AgentGateway:
         finally:
             if session.closed:  # while the call ran: what the engine kept after the release goes too
                 self._core.release_session(key)
+
+    def _check_record_room(self, session: Session | None, plan: PromptPlan) -> None:
+        """A session's call is refused before it generates when its record would not fit."""
+        if session is not None:
+            self.sessions.check_record_room(len(plan.prompt_ids) + len(plan.rendered))
 
     @staticmethod
     def _budget_left(session: Session | None, plan: PromptPlan) -> int | None:
@@ -293,7 +302,8 @@ class AgentGateway:
     ) -> None:
         session.retokenized_tokens += plan.retokenized
         session.prefix_mismatches += plan.mismatch
-        session.record(
+        self.sessions.record(
+            session,
             CallRecord(
                 index=session.next_index,
                 kind=kind,
@@ -307,9 +317,9 @@ class AgentGateway:
                 reused=plan.reused,
                 messages=messages,
                 tools_key=key,
-                rendered_ids=plan.rendered,
+                rendered_ids=array("i", plan.rendered),
                 prompt_text=prompt_text,
-            )
+            ),
         )
 
     def _answer(

@@ -2,10 +2,11 @@
 
 A session id is ``secrets.token_urlsafe(24)`` (192 random bits): holding it is the capability to call the
 policy under ``/sessions/<id>/v1`` and to have the calls recorded. The registry is bounded (``max_sessions``
-open at once, ``max_calls_per_session`` calls each); both refusals are ResourceExhausted with a retry hint,
-which the gateway answers as 429 with ``Retry-After``. An unknown or expired id is NotFound (404).
-Expired sessions are dropped when the registry is next used; ``release`` is told each dropped session's id
-(the gateway frees the KV cache the engine kept for it).
+open at once, ``max_calls_per_session`` calls each, ``max_recorded_tokens`` token ids held by the recorded
+calls of all of them: each call keeps its whole prompt, so memory grows with calls × context); the refusals
+are ResourceExhausted with a retry hint, which the gateway answers as 429 with ``Retry-After``. An unknown or
+expired id is NotFound (404). Expired sessions are dropped when the registry is next used; ``release`` is
+told each dropped session's id (the gateway frees the KV cache the engine kept for it).
 
 Each open session is a registered caller of the batch scheduler (``register``, ``scheduler.Caller``). Before
 its first call, and after a reply that asked for tool results, its agent is about to call again (it runs the
@@ -19,7 +20,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -49,7 +50,8 @@ class CallRecord:
     root of a branch). ``policy_version``: the version serving the call (that of the ids it added).
     ``messages`` / ``tools_key`` (chat) or ``prompt_text`` (completion) are what the agent sent, to match a
     later call against; ``rendered_ids`` (chat) the template's ids of ``messages`` (with the generation
-    prompt), which may differ from ``prompt_ids`` where those reuse sampled ids."""
+    prompt), which may differ from ``prompt_ids`` where those reuse sampled ids (the gateway keeps them as an
+    ``array`` of 4-byte ints: every call keeps its whole rendering)."""
 
     index: int
     kind: Literal["chat", "completion"]
@@ -60,8 +62,13 @@ class CallRecord:
     reused: int = 0
     messages: tuple[Message, ...] = ()
     tools_key: str = ""
-    rendered_ids: tuple[int, ...] = ()
+    rendered_ids: Sequence[int] = ()
     prompt_text: str = ""
+
+    @property
+    def held_tokens(self) -> int:
+        """Token ids the record holds: its prompt, its rendering and its choices."""
+        return len(self.prompt_ids) + len(self.rendered_ids) + sum(len(c.token_ids) for c in self.choices)
 
 
 @dataclass
@@ -78,6 +85,7 @@ class Session:
     started: int = 0  # calls admitted (finished, failed or in flight)
     retokenized_tokens: int = 0
     prefix_mismatches: int = 0
+    held_tokens: int = 0  # of its recorded calls (CallRecord.held_tokens)
     caller: Caller | None = field(default=None, repr=False)  # its handle with the batch scheduler
     closed: bool = False  # closed or expired, and dropped from the registry
 
@@ -127,12 +135,15 @@ class SessionRegistry:
         max_sessions: int,
         max_calls_per_session: int,
         ttl_s: float,
+        max_recorded_tokens: int = 1 << 26,
         clock: Callable[[], float] = time.time,
         register: Callable[[], Caller] | None = None,
         release: Callable[[str], None] | None = None,
     ) -> None:
         self.max_sessions = max_sessions
         self.max_calls_per_session = max_calls_per_session
+        self.max_recorded_tokens = max_recorded_tokens
+        self.held_tokens = 0  # by the recorded calls of the open sessions
         self.ttl_s = ttl_s
         self._clock = clock
         self._register = register
@@ -201,6 +212,27 @@ class SessionRegistry:
             retry_after_s=max(1.0, soonest - now),
         )
 
+    def check_record_room(self, tokens: int) -> None:
+        """ResourceExhausted when a call whose prompt and rendering hold ``tokens`` ids would pass
+        ``max_recorded_tokens`` (checked before it generates; its choices are not known yet)."""
+        if self.held_tokens + tokens <= self.max_recorded_tokens:
+            return
+        raise ResourceExhausted(
+            f"the open sessions' recorded calls hold {self.held_tokens} token ids and this call "
+            f"{tokens} more, the server's limit gateway.max_recorded_tokens is {self.max_recorded_tokens}; "
+            "read and close finished sessions",
+            field="gateway.max_recorded_tokens",
+            retry_after_s=1.0,
+        )
+
+    def record(self, session: Session, call: CallRecord) -> None:
+        """Add a finished call to ``session``; its ids count against ``max_recorded_tokens`` until the
+        session is dropped (not when it was dropped while the call ran)."""
+        session.record(call)
+        if not session.closed:
+            session.held_tokens += call.held_tokens
+            self.held_tokens += call.held_tokens
+
     def get(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
         if session is None or session.expires_at <= self._clock():
@@ -217,6 +249,7 @@ class SessionRegistry:
         if session is None:
             return None
         session.closed = True
+        self.held_tokens -= session.held_tokens
         if session.caller is not None:
             session.caller.close()
         if self._release is not None:

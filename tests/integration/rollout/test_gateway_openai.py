@@ -57,8 +57,8 @@ GATEWAY = GatewaySettings(
 
 
 class Running:
-    def __init__(self, server, core, endpoint) -> None:
-        self.server, self.core, self.endpoint = server, core, endpoint
+    def __init__(self, server, core, endpoint, gateway) -> None:
+        self.server, self.core, self.endpoint, self.gateway = server, core, endpoint, gateway
 
     def base_url(self, session_id: str | None = None) -> str:
         prefix = f"/sessions/{session_id}" if session_id else ""
@@ -75,12 +75,13 @@ def running():
 
     async def build():
         core = await build_core(settings)
-        served = binding(core, build_gateway(core, settings))
-        built.update(core=core, endpoint=served.companions[0])
+        gateway = build_gateway(core, settings)
+        served = binding(core, gateway)
+        built.update(core=core, endpoint=served.companions[0], gateway=gateway)
         return [served], core.close
 
     with server_thread(build) as server:
-        yield Running(server, built["core"], built["endpoint"])
+        yield Running(server, built["core"], built["endpoint"], built["gateway"])
 
 
 @pytest.fixture
@@ -342,6 +343,25 @@ def test_malformed_and_oversized_bodies(running):
     big = chat_body(messages=[{"role": "user", "content": "x" * 70_000}])
     assert_error(post(url, big), 413, "body", "gateway.max_body_bytes")
     assert_error(post(running.base_url() + "/completions", b'{"prompt": 5}'), 400, "prompt")
+
+
+def test_a_call_past_the_recorded_tokens_bound_is_429_until_sessions_close(running, rollout):
+    registry = running.gateway.sessions
+    first = rollout.open_agent_session()
+    assert post(running.base_url(first.session_id) + "/chat/completions", chat_body())[0] == 200
+    limit = registry.max_recorded_tokens
+    registry.max_recorded_tokens = registry.held_tokens + 1  # no room for another call's prompt
+    second = rollout.open_agent_session()
+    url = running.base_url(second.session_id) + "/chat/completions"
+    try:
+        headers = assert_error(post(url, chat_body()), 429, "gateway.max_recorded_tokens", "close finished")
+        assert int(headers["Retry-After"]) >= 1
+        assert rollout.agent_trajectory(second.session_id).calls == 0  # nothing generated or recorded
+        rollout.close_agent_session(first.session_id)  # frees what its call held
+        assert post(url, chat_body())[0] == 200
+    finally:
+        registry.max_recorded_tokens = limit
+        rollout.close_agent_session(second.session_id)
 
 
 def test_sessions_and_calls_over_their_bounds(running, rollout):

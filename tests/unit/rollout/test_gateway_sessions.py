@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from array import array
 
 import pytest
 
@@ -117,6 +118,26 @@ def test_trajectory_and_ttl_codec_round_trip():
     assert decode_open_agent_sessions_request(many) == (16, 40.0, None, 3, 48)
     with pytest.raises(Exception, match="ttl_seconds"):
         decode_open_agent_session_request(encode_open_agent_session_request(-1))
+
+
+def test_recorded_calls_count_against_the_bound_until_their_session_is_dropped():
+    registry = SessionRegistry(max_sessions=4, max_calls_per_session=8, ttl_s=60, max_recorded_tokens=20)
+    first, second = (registry.get(t.session_id) for t in registry.open_many(2))
+    choice = SampledChoice([7, 8], [0.0, 0.0], [0, 0], "", Message("assistant", ""))
+    call = CallRecord(0, "chat", [1, 2, 3, 4], [choice], 0, rendered_ids=array("i", [1, 2, 3, 4]))
+    assert call.held_tokens == 10  # prompt, rendering, choice
+    registry.check_record_room(10)
+    registry.record(first, call)
+    assert (first.held_tokens, registry.held_tokens) == (10, 10)
+    with pytest.raises(ResourceExhausted) as full:
+        registry.check_record_room(11)
+    assert full.value.field == "gateway.max_recorded_tokens" and full.value.retry_after_s == 1.0
+    registry.close(second.session_id)
+    registry.record(second, call)  # a call that ended after its session was closed holds nothing
+    assert registry.held_tokens == 10
+    registry.close(first.session_id)
+    assert registry.held_tokens == 0
+    registry.check_record_room(20)
 
 
 def record(session, prompt_ids, sampled, parent=None):
