@@ -23,6 +23,7 @@ from rollout_service.core.rollout import RolloutCore
 from rollout_service.core.weight_channel import WeightChannel
 from rollout_service.engines.registry import build_engine, check_model_dir
 from rollout_service.gateway.http_app import GatewayEndpoint
+from rollout_service.gateway.metrics import SessionMetrics
 from rollout_service.gateway.service import AgentGateway
 from rollout_service.settings import RolloutSettings
 from rollout_service.weight_plane.shared_memory import SharedMemoryDir
@@ -142,7 +143,10 @@ def binding(core: RolloutCore, gateway: AgentGateway | None = None) -> ServiceBi
         add_to_server=rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
         descriptor=rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"],
         companions=(endpoint,) if endpoint is not None else (),
-        collectors=(endpoint.metrics,) if endpoint is not None else (),
+        collectors=(
+            *((endpoint.metrics,) if endpoint is not None else ()),
+            SessionMetrics(core.engine, gateway.sessions if gateway is not None else None),
+        ),
     )
 
 

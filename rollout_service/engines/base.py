@@ -11,6 +11,7 @@ from typing import Protocol
 
 from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
+from rollout_service.engines.hf_sessions import SessionCaches
 from rollout_service.types import GenerationJob
 from rollout_service.weights import ValidatedUpdate
 
@@ -86,6 +87,11 @@ class Engine(ABC):
 
     def release_session(self, session: str) -> None:  # noqa: B027 - engines without session state
         """Forget what the engine kept for ``GenerationJob.session`` (its episode or session ended)."""
+
+    @property
+    def session_caches(self) -> SessionCaches | None:
+        """The KV caches the engine keeps between a session's calls (None: it keeps none itself)."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook, most engines need nothing
         """Release the engine's resources at shutdown."""

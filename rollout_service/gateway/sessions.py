@@ -154,6 +154,12 @@ class SessionRegistry:
         self._drop_expired()
         return len(self._sessions)
 
+    @property
+    def open_count(self) -> int:
+        """Sessions in the registry, expired ones included until it is next used (a read that changes
+        nothing, for another thread)."""
+        return len(self._sessions)
+
     def open(
         self,
         ttl_s: float = 0.0,

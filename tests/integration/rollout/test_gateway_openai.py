@@ -26,6 +26,7 @@ from grpo_runtime.call_errors import ServiceCallError
 from grpo_runtime.errors import NotFound
 from rollout_service.client import RolloutClient
 from rollout_service.gateway.http_app import INLINE_BODY_BYTES
+from rollout_service.gateway.metrics import SessionMetrics
 from rollout_service.gateway.service import AgentGateway, engine_session
 from rollout_service.server import binding, build_core, build_gateway
 from rollout_service.settings import GatewaySettings, RolloutSettings
@@ -343,6 +344,32 @@ def test_malformed_and_oversized_bodies(running):
     big = chat_body(messages=[{"role": "user", "content": "x" * 70_000}])
     assert_error(post(url, big), 413, "body", "gateway.max_body_bytes")
     assert_error(post(running.base_url() + "/completions", b'{"prompt": 5}'), 400, "prompt")
+
+
+def session_metrics(running) -> dict[str, float]:
+    """The rollout service's session metrics as a scrape reads them."""
+    collector = SessionMetrics(running.core.engine, running.gateway.sessions)
+    return {sample.name: sample.value for family in collector.collect() for sample in family.samples}
+
+
+def test_the_session_metrics_count_what_a_session_holds_until_it_closes(running, rollout):
+    ticket = rollout.open_agent_session()  # opening drops the sessions of earlier tests that expired
+    before = session_metrics(running)
+    assert post(running.base_url(ticket.session_id) + "/chat/completions", chat_body())[0] == 200
+    during = session_metrics(running)
+    held = running.gateway.sessions.get(ticket.session_id).held_tokens
+    assert held > 0
+    assert (
+        during["grpo_rollout_gateway_recorded_tokens"]
+        == before["grpo_rollout_gateway_recorded_tokens"] + held
+    )
+    assert (
+        during["grpo_rollout_session_cache_bytes"] > before["grpo_rollout_session_cache_bytes"]
+    )  # its reply's KV
+    assert during["grpo_rollout_session_cache_evictions_total"] == 0
+    rollout.close_agent_session(ticket.session_id)
+    closed = {**before, "grpo_rollout_gateway_sessions": before["grpo_rollout_gateway_sessions"] - 1}
+    assert session_metrics(running) == closed
 
 
 def test_a_call_past_the_recorded_tokens_bound_is_429_until_sessions_close(running, rollout):
