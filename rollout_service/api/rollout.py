@@ -14,8 +14,9 @@ from grpo.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
 from grpo_runtime.auth import caller_is_admin
 from grpo_runtime.errors import FailedPrecondition
+from grpo_runtime.off_loop import off_loop_unless
 from rollout_service import codec, weight_codec
-from rollout_service.core.rollout import RolloutCore
+from rollout_service.core.rollout import INLINE_TOKENS, RolloutCore
 from rollout_service.gateway.service import AgentGateway
 
 
@@ -75,7 +76,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     async def GetAgentTrajectory(self, request, context) -> rollout_pb2.GetAgentTrajectoryResponse:
         session_id, close = codec.decode_get_agent_trajectory_request(request)
-        return codec.encode_agent_trajectory(self._sessions().trajectory(session_id, close=close))
+        found = await self._sessions().trajectory(session_id, close=close)
+        small = sum(len(sequence.token_ids) for sequence in found.sequences) <= INLINE_TOKENS
+        return await off_loop_unless(small, codec.encode_agent_trajectory, found)
 
     async def CloseAgentSession(self, request, context) -> rollout_pb2.CloseAgentSessionResponse:
         closed = self._sessions().close_session(codec.decode_close_agent_session_request(request))

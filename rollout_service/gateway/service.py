@@ -26,7 +26,7 @@ from typing import Literal
 from grpo_runtime.errors import InvalidArgument, NotFound
 from grpo_runtime.off_loop import off_loop_unless
 from grpo_runtime.tokenizing import decode_text
-from rollout_service.core.rollout import RolloutCore
+from rollout_service.core.rollout import INLINE_TOKENS, RolloutCore
 from rollout_service.core.tool_calls import TOOL_CALL, parse_tool_calls
 from rollout_service.core.validation import MAX_CHARS_PER_TOKEN, validate_sampling
 from rollout_service.core.versioning import check_min_version
@@ -113,11 +113,15 @@ class AgentGateway:
             )
         return self.sessions.open_many(count, ttl_s, sampling, min_policy_version, max_completion_tokens)
 
-    def trajectory(self, session_id: str, *, close: bool = False) -> AgentTrajectory:
-        out = trajectory(self.sessions.get(session_id))
+    async def trajectory(self, session_id: str, *, close: bool = False) -> AgentTrajectory:
+        """The session's calls as sequences (``close``: then closed). Built from a copy of its record taken
+        now, so a call that ends meanwhile changes nothing; a session holding more than ``INLINE_TOKENS``
+        token ids is laid out in a worker thread, never holding the event loop."""
+        session = self.sessions.get(session_id)
+        record = dataclasses.replace(session, calls=list(session.calls))
         if close:
             self.sessions.close(session_id)
-        return out
+        return await off_loop_unless(record.held_tokens <= INLINE_TOKENS, trajectory, record)
 
     def close_session(self, session_id: str) -> bool:
         return self.sessions.close(session_id)

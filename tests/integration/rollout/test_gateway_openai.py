@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -25,9 +26,14 @@ from transformers import AutoModelForCausalLM
 from grpo_runtime.call_errors import ServiceCallError
 from grpo_runtime.errors import NotFound
 from rollout_service.client import RolloutClient
+from rollout_service.core.rollout import INLINE_TOKENS
+from rollout_service.gateway import service as gateway_service
 from rollout_service.gateway.http_app import INLINE_BODY_BYTES
 from rollout_service.gateway.metrics import SessionMetrics
 from rollout_service.gateway.service import AgentGateway, engine_session
+from rollout_service.gateway.sessions import CallRecord, SampledChoice
+from rollout_service.gateway.trajectory import trajectory
+from rollout_service.gateway.types import Message
 from rollout_service.server import binding, build_core, build_gateway
 from rollout_service.settings import GatewaySettings, RolloutSettings
 from tests.support.episodes import evaluate
@@ -370,6 +376,28 @@ def test_the_session_metrics_count_what_a_session_holds_until_it_closes(running,
     rollout.close_agent_session(ticket.session_id)
     closed = {**before, "grpo_rollout_gateway_sessions": before["grpo_rollout_gateway_sessions"] - 1}
     assert session_metrics(running) == closed
+
+
+def test_a_long_sessions_trajectory_is_laid_out_off_the_event_loop(running, rollout, monkeypatch):
+    threads = []
+
+    def laid_out(record):
+        threads.append(threading.current_thread())
+        return trajectory(record)
+
+    monkeypatch.setattr(gateway_service, "trajectory", laid_out)
+    short, long = rollout.open_agent_session(), rollout.open_agent_session()
+    ids = list(range(INLINE_TOKENS + 1))  # past what is laid out on the loop
+    choice = SampledChoice([7], [-0.5], [3], "", Message("assistant", ""))
+    for ticket, prompt in ((short, ids[:8]), (long, ids)):
+        session = running.gateway.sessions.get(ticket.session_id)
+        running.gateway.sessions.record(session, CallRecord(0, "chat", prompt, [choice], 3))
+    assert rollout.agent_trajectory(short.session_id, close=True).sequences[0].token_ids == [*ids[:8], 7]
+    (sequence,) = rollout.agent_trajectory(long.session_id, close=True).sequences
+    assert sequence.token_ids == [*ids, 7] and sequence.loss_mask[-2:] == [0, 1]
+    assert sequence.logprobs[-1] == -0.5 and sequence.policy_versions[-1] == 3
+    on_loop, off_loop = threads
+    assert off_loop is not on_loop
 
 
 def test_a_call_past_the_recorded_tokens_bound_is_429_until_sessions_close(running, rollout):
