@@ -20,6 +20,9 @@ from grpo.rollout.v1 import rollout_pb2
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
+from rollout_service import codec as rollout_codec
+from rollout_service.api.rollout import INLINE_PROMPTS
+from rollout_service.core.rollout import INLINE_TOKENS
 from rollout_service.settings import RolloutSettings
 from rollout_service.weight_plane.payload import encode
 from tests.integration.rollout.fixtures import rollout_server_thread
@@ -94,6 +97,33 @@ def assert_engine_idle_soon(server, client, since: float) -> None:
 
 
 # ------------------------------------------------------------------------------ bounded work
+def test_a_large_generate_is_decoded_and_encoded_off_the_event_loop(stub, monkeypatch):
+    threads: dict[str, list[threading.Thread]] = {"decode": [], "encode": []}
+
+    def recorded(name, convert):
+        def run(message):
+            threads[name].append(threading.current_thread())
+            return convert(message)
+
+        return run
+
+    for name in threads:
+        function = f"{name}_generate_{'request' if name == 'decode' else 'response'}"
+        monkeypatch.setattr(rollout_codec, function, recorded(name, getattr(rollout_codec, function)))
+    prompt = rollout_pb2.Prompt(token_ids=[5, 6, 7])
+    small = rollout_pb2.GenerateRequest(
+        prompts=[prompt], n=1, sampling=rollout_pb2.SamplingParams(max_tokens=2)
+    )
+    # More prompts than are decoded inline, and more completion tokens than are encoded inline.
+    tokens = INLINE_TOKENS // (INLINE_PROMPTS + 1) + 1
+    sampling = rollout_pb2.SamplingParams(max_tokens=tokens, min_tokens=tokens)
+    large = rollout_pb2.GenerateRequest(prompts=[prompt] * (INLINE_PROMPTS + 1), n=1, sampling=sampling)
+    assert len(stub.Generate(small).completions) == 1
+    assert sum(len(c.token_ids) for c in stub.Generate(large, timeout=120).completions) > INLINE_TOKENS
+    (loop, decoded_large), (encoded_small, encoded_large) = threads["decode"], threads["encode"]
+    assert encoded_small is loop and decoded_large is not loop and encoded_large is not loop
+
+
 def test_an_expired_generate_stops_every_prompt_and_sequence(server, client, stub):
     # 1024 prompts × n 4 = 4096 sequences in 1024 engine batches of 4.
     code, _ = failure(lambda: stub.Generate(long_request(1024), timeout=1.0))
