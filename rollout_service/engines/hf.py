@@ -337,7 +337,7 @@ class HFEngine(Engine):
                 continue
             tokens = row.prompt + row.tokens[:-1]
             if not self._sessions.fits(len(tokens) * token_bytes):
-                self._sessions.release(row.job.session)  # its kept cache is of an older call
+                self._sessions.refuse(row.job.session)
                 continue
             fed = len(row.tokens) - row.prefilled - 1
             real = torch.cat([attention[b, :width].nonzero()[:, 0], torch.arange(width, width + fed)])

@@ -41,7 +41,7 @@ class SessionCaches:
         self._caches: OrderedDict[str, SessionCache] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self.evicted = 0  # caches dropped to make room (or too large to keep), since start
+        self.evicted = 0  # caches dropped to make room or too large to keep, since start
 
     def get(self, session: str) -> SessionCache | None:
         """The session's cache, now the most recently used; None when none is kept."""
@@ -55,14 +55,20 @@ class SessionCaches:
         """Whether a cache of ``nbytes`` may be kept at all (checked before it is copied out of a batch)."""
         return nbytes <= self.max_bytes
 
+    def refuse(self, session: str) -> None:
+        """The session's latest cache does not fit (:meth:`fits`): it is not kept, nor is its older one."""
+        with self._lock:
+            self._drop(session)
+            self.evicted += 1
+
     def put(self, session: str, cache: SessionCache) -> None:
         """Keep ``cache`` as the session's (its older one goes), then drop the least recently used others
         while the total exceeds ``max_bytes``."""
+        if not self.fits(cache.nbytes):
+            self.refuse(session)
+            return
         with self._lock:
             self._drop(session)
-            if not self.fits(cache.nbytes):
-                self.evicted += 1
-                return
             self._caches[session] = cache
             self._bytes += cache.nbytes
             while self._bytes > self.max_bytes:

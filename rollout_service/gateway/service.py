@@ -142,11 +142,11 @@ class AgentGateway:
         calls = list(session.calls) if session is not None else []
         render = self._renderer.chat_prompt
         plan = await off_loop_unless(small, render, calls, request.messages, request.tools)
-        self._check_record_room(session, plan)
         logprobs = request.top_logprobs is not None
         left = self._budget_left(session, plan)
         if left is not None and left < 1:
             return self._spent(session, "chat", plan.prompt_ids, request.n, logprobs)
+        self._check_record_room(session, plan)
         results = await self._generate(plan.prompt_ids, request.n, request.sampling, session, left)
         parse = bool(request.tools) and request.tool_choice != "none"
         choices = [self._choice(i, r, logprobs, self._reply(r.text, parse)) for i, r in enumerate(results)]
@@ -167,11 +167,11 @@ class AgentGateway:
             )
         calls = list(session.calls) if session is not None else []
         plan = await off_loop_unless(small, self._renderer.completion_prompt, calls, request.prompt)
-        self._check_record_room(session, plan)
         logprobs = request.logprobs is not None
         left = self._budget_left(session, plan)
         if left is not None and left < 1:
             return self._spent(session, "completion", plan.prompt_ids, request.n, logprobs)
+        self._check_record_room(session, plan)
         results = await self._generate(plan.prompt_ids, request.n, request.sampling, session, left)
         choices = [self._choice(i, r, logprobs) for i, r in enumerate(results)]
         if session is not None:
@@ -232,7 +232,8 @@ class AgentGateway:
                 self._core.release_session(key)
 
     def _check_record_room(self, session: Session | None, plan: PromptPlan) -> None:
-        """A session's call is refused before it generates when its record would not fit."""
+        """A session's call that would generate (and be recorded) is refused first when its record would not
+        fit; one answered empty for a spent budget records nothing, so it needs no room."""
         if session is not None:
             self.sessions.check_record_room(len(plan.prompt_ids) + len(plan.rendered))
 

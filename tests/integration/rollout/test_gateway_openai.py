@@ -404,6 +404,17 @@ def test_a_call_past_the_recorded_tokens_bound_is_429_until_sessions_close(runni
     registry = running.gateway.sessions
     first = rollout.open_agent_session()
     assert post(running.base_url(first.session_id) + "/chat/completions", chat_body())[0] == 200
+    question = running.core.tokenizer("What is 347 + 582?")["input_ids"]
+    spent = rollout.open_agent_session(max_completion_tokens=1)
+    spent_url = running.base_url(spent.session_id) + "/completions"
+
+    def completion(prompt: list[int]) -> bytes:
+        return json.dumps(
+            {"model": "tools", "prompt": prompt, "max_tokens": 4, "return_token_ids": True}
+        ).encode()
+
+    code, _, reply = post(spent_url, completion(question))
+    assert code == 200 and len(reply["choices"][0]["token_ids"]) == 1
     limit = registry.max_recorded_tokens
     registry.max_recorded_tokens = registry.held_tokens + 1  # no room for another call's prompt
     second = rollout.open_agent_session()
@@ -412,11 +423,15 @@ def test_a_call_past_the_recorded_tokens_bound_is_429_until_sessions_close(runni
         headers = assert_error(post(url, chat_body()), 429, "gateway.max_recorded_tokens", "close finished")
         assert int(headers["Retry-After"]) >= 1
         assert rollout.agent_trajectory(second.session_id).calls == 0  # nothing generated or recorded
+        # A call whose budget is spent records nothing, so it is answered (empty) whatever the bound.
+        code, _, reply = post(spent_url, completion([*question, *reply["choices"][0]["token_ids"]]))
+        assert code == 200 and reply["choices"][0]["token_ids"] == []
         rollout.close_agent_session(first.session_id)  # frees what its call held
         assert post(url, chat_body())[0] == 200
     finally:
         registry.max_recorded_tokens = limit
         rollout.close_agent_session(second.session_id)
+        rollout.close_agent_session(spent.session_id)
 
 
 def test_sessions_and_calls_over_their_bounds(running, rollout):

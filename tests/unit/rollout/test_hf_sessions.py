@@ -134,3 +134,4 @@ def test_a_zero_budget_keeps_no_cache(tiny_models):
     none_kept = HFEngine(str(tiny_models["policy"]), session_cache_bytes=0)
     first = turn(none_kept, [1, 405, 202], session="a")
     assert first.token_ids and none_kept.kept_sessions == frozenset()
+    assert none_kept.session_caches.evicted == 1  # counted: the budget is too small for it
