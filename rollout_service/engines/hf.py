@@ -80,6 +80,17 @@ class _Row:
     images: dict[str, torch.Tensor] = field(default_factory=dict)  # the prompt's image inputs (none: text)
 
 
+def _keeps_kv(row: _Row) -> bool:
+    """Whether a finished row's KV is kept for its session's next call: one that sampled, without images
+    (whose prefill needs the pixels)."""
+    return (
+        row.job.session is not None
+        and row.finish not in (None, FinishReason.ABORT)
+        and bool(row.tokens)
+        and not row.images
+    )
+
+
 class HFEngine(Engine):
     name = "hf"
 
@@ -323,18 +334,14 @@ class HFEngine(Engine):
         larger than the whole budget is not copied out."""
         if not seeded_layers(cache):
             return
-        token_bytes = sum(
-            2 * t[0, :, 0].numel() * t.element_size() for t in (layer.keys for layer in cache.layers)
-        )
-        for b in batch_rows:
+        keeping = [b for b in batch_rows if _keeps_kv(rows[active[b]])]
+        if not keeping:
+            return
+        # Keys and values of one position, all layers: (batch, kv_heads, capacity, head_dim) tensors.
+        keys = [layer.keys for layer in cache.layers]
+        token_bytes = sum(2 * k.shape[1] * k.shape[3] * k.element_size() for k in keys)
+        for b in keeping:
             row = rows[active[b]]
-            if (
-                row.job.session is None
-                or row.finish in (None, FinishReason.ABORT)
-                or not row.tokens
-                or row.images
-            ):
-                continue
             tokens = row.prompt + row.tokens[:-1]
             if not self._sessions.fits(len(tokens) * token_bytes):
                 self._sessions.refuse(row.job.session)
@@ -353,11 +360,6 @@ class HFEngine(Engine):
 
     def release_session(self, session: str) -> None:
         self._sessions.release(session)
-
-    @property
-    def kept_sessions(self) -> frozenset[str]:
-        """The keys (``GenerationJob.session``) whose KV caches are kept for a next call."""
-        return self._sessions.sessions
 
     @property
     def session_caches(self) -> SessionCaches:

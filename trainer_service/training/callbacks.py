@@ -67,12 +67,7 @@ class MetricsCallback(TrainerCallback):
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for path in (self.path, self.eval_path):
-            kept = []
-            if path.exists():
-                for line in complete_lines(path.read_text()):
-                    if json.loads(line).get("step", 0) <= state.global_step:
-                        kept.append(line)
-            path.write_text("".join(f"{line}\n" for line in kept))
+            keep_records_through(path, state.global_step)
         self._sink(JobEvent(step=state.global_step, total_steps=state.max_steps, state=RunState.RUNNING))
 
     def on_log(self, args, state: TrainerState, control, logs: dict[str, Any] | None = None, **kwargs):
@@ -129,6 +124,15 @@ def complete_lines(text: str) -> list[str]:
     one cut short by a kill: not a record yet."""
     lines = text.split("\n")[:-1]  # what follows the last newline is incomplete (or empty)
     return [line for line in lines if line.strip()]
+
+
+def keep_records_through(path: Path, step: int) -> None:
+    """Rewrite a JSON-lines file of per-step records (created empty when missing) keeping the records of
+    steps up to ``step``: a resumed run writes the later ones again. A last line cut short goes too
+    (:func:`complete_lines`)."""
+    lines = complete_lines(path.read_text()) if path.exists() else []
+    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    path.write_text("".join(f"{line}\n" for line in kept))
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:

@@ -30,7 +30,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState
 
 from trainer_service.core.types import EventSink, JobEvent, RunState, discard
 from trainer_service.rollout.weight_sync import WeightSync
-from trainer_service.training.callbacks import complete_lines
+from trainer_service.training.callbacks import keep_records_through
 from trainer_service.training.evaluation import EvaluationCallback
 from trainer_service.training.guards import EvalGate, Finding, Guards, StepVerdict
 
@@ -89,11 +89,7 @@ class GuardCallback(TrainerCallback):
 
     def on_train_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs):
         if state.is_world_process_zero:
-            kept = []
-            if self.path.exists():
-                lines = complete_lines(self.path.read_text())
-                kept = [line for line in lines if json.loads(line)["step"] <= state.global_step]
-            self.path.write_text("".join(f"{line}\n" for line in kept))
+            keep_records_through(self.path, state.global_step)
         gate = self.guards.eval_gate
         if gate is not None and self.evaluation is not None and self.evaluation.last is not None:
             gate.check(*self.evaluation.last)  # the step-0 evaluation becomes the baseline

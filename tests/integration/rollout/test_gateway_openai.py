@@ -133,10 +133,10 @@ def test_a_tool_loop_through_the_sdk_is_one_exact_sequence(running, rollout):
     before = engine.prefill_tokens, engine.reused_tokens
     second = ask(sdk, messages, seed + 1)
     key = engine_session(ticket.session_id)
-    assert key in engine.kept_sessions
+    assert key in engine.session_caches.sessions
 
     trajectory = rollout.agent_trajectory(ticket.session_id, close=True)
-    assert key not in engine.kept_sessions  # released with the session
+    assert key not in engine.session_caches.sessions  # released with the session
     assert trajectory.calls == 2 and trajectory.prefix_mismatches == 0 and trajectory.retokenized_tokens == 0
     (sequence,) = trajectory.sequences
     first_ids = first.choices[0].model_extra["token_ids"]
@@ -488,7 +488,7 @@ def test_a_session_closed_during_its_call_keeps_no_kv_cache(running, rollout):
         assert rollout.close_agent_session(ticket.session_id)
         with contextlib.suppress(openai.NotFoundError):  # closed before the call was admitted
             call.result(timeout=60)
-    assert engine_session(ticket.session_id) not in running.core.engine.kept_sessions
+    assert engine_session(ticket.session_id) not in running.core.engine.session_caches.sessions
 
 
 def test_a_body_too_large_to_decode_inline_is_served_the_same(running):

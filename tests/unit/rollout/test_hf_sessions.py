@@ -121,7 +121,7 @@ def test_a_cache_dropped_for_room_costs_a_whole_prefill_and_changes_no_token(eng
     small = build_engine(str(tiny_models["policy"]), settings)
     first = turn(small, prompt, session="a")
     turn(small, prompt, session="b")
-    assert (small.kept_sessions, small.session_caches.evicted) == ({"b"}, 1)
+    assert (small.session_caches.sessions, small.session_caches.evicted) == ({"b"}, 1)
     grown = prompt + first.token_ids + TOOL_TOKENS
     before = small.prefill_tokens
     again = turn(small, grown, session="a")
@@ -133,5 +133,5 @@ def test_a_cache_dropped_for_room_costs_a_whole_prefill_and_changes_no_token(eng
 def test_a_zero_budget_keeps_no_cache(tiny_models):
     none_kept = HFEngine(str(tiny_models["policy"]), session_cache_bytes=0)
     first = turn(none_kept, [1, 405, 202], session="a")
-    assert first.token_ids and none_kept.kept_sessions == frozenset()
+    assert first.token_ids and none_kept.session_caches.sessions == frozenset()
     assert none_kept.session_caches.evicted == 1  # counted: the budget is too small for it
