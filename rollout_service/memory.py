@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import glob
+import os
 
 import psutil
 import torch
@@ -14,14 +16,45 @@ from rollout_service.types import MemoryUsage
 
 def process_tree_rss() -> int:
     """RSS in bytes of this process plus all its descendants (vLLM engine and worker processes)."""
-    me = psutil.Process()
-    total = me.memory_info().rss
-    for child in me.children(recursive=True):
+    total = 0
+    for process in process_tree(os.getpid()):
         try:
-            total += child.memory_info().rss
+            total += process.memory_info().rss
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return total
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The process ``pid`` and all its descendants.
+
+    Linux lists each thread's children in ``/proc/PID/task/TID/children``: reading those costs a file per
+    thread of the tree, where ``psutil.Process.children`` reads ``/proc/*/stat`` of every process on the host
+    (about 1 ms at 70 processes, on each GetStatus). Without those files, psutil's way.
+    """
+    if not os.path.exists(f"/proc/{pid}/task/{pid}/children"):
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    tree, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            tree.append(psutil.Process(current))
+        except psutil.NoSuchProcess:
+            continue
+        pending.extend(_child_pids(current))
+    return tree
+
+
+def _child_pids(pid: int) -> list[int]:
+    children: list[int] = []
+    for listing in glob.glob(f"/proc/{pid}/task/*/children"):
+        try:
+            with open(listing) as file:
+                children.extend(int(child) for child in file.read().split())
+        except OSError:  # the thread (or the process) ended meanwhile
+            continue
+    return children
 
 
 def measure() -> MemoryUsage:

@@ -1,0 +1,44 @@
+"""What GetStatus reports of memory: the RSS of the service's whole process tree (vLLM runs its engine and
+workers in child processes), found without reading every process on the host."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+
+from rollout_service import memory
+
+# A child that starts a grandchild, then waits: a tree of depth two below this process.
+TREE = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " + (
+    "import time; time.sleep(60)"
+)
+
+
+def test_the_tree_is_this_process_and_every_descendant_as_psutil_finds_them():
+    child = subprocess.Popen([sys.executable, "-c", TREE])
+    try:
+        me = psutil.Process()
+        for _ in range(600):  # until the grandchild is up
+            if len(me.children(recursive=True)) == 2:
+                break
+            time.sleep(0.05)
+        expected = {me.pid, *(p.pid for p in me.children(recursive=True))}
+        assert {p.pid for p in memory.process_tree(os.getpid())} == expected
+        assert len(expected) == 3
+        # Two Python interpreters hold several MiB each on top of this process.
+        assert memory.process_tree_rss() > me.memory_info().rss + 2 * 4 * 2**20
+    finally:
+        for process in psutil.Process(child.pid).children(recursive=True):
+            process.kill()
+        child.kill()
+        child.wait()
+
+
+def test_a_process_that_ended_is_left_out():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert child.pid not in {p.pid for p in memory.process_tree(os.getpid())}
