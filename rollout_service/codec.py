@@ -420,12 +420,12 @@ def decode_open_agent_session_request(
 
 def encode_open_agent_session_response(ticket: SessionTicket) -> rollout_pb2.OpenAgentSessionResponse:
     return rollout_pb2.OpenAgentSessionResponse(
-        session_id=ticket.session_id, expires_unix_ms=ticket.expires_unix_ms
+        session_id=ticket.session_id, expires_unix_ms=ticket.expires_unix_ms, openai_port=ticket.openai_port
     )
 
 
 def decode_open_agent_session_response(msg: rollout_pb2.OpenAgentSessionResponse) -> SessionTicket:
-    return SessionTicket(msg.session_id, msg.expires_unix_ms)
+    return SessionTicket(msg.session_id, msg.expires_unix_ms, msg.openai_port)
 
 
 def encode_open_agent_sessions_request(

@@ -109,5 +109,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     def _sessions(self) -> AgentGateway:
         if self._gateway is None:
-            raise FailedPrecondition("this server runs no OpenAI-compatible gateway")
+            raise FailedPrecondition(
+                "this server runs no OpenAI-compatible gateway (start it with --openai-port)"
+            )
         return self._gateway

@@ -111,7 +111,8 @@ class AgentGateway:
             raise InvalidArgument(
                 f"must be at least 1 when set, got {max_completion_tokens}", field="max_completion_tokens"
             )
-        return self.sessions.open_many(count, ttl_s, sampling, min_policy_version, max_completion_tokens)
+        tickets = self.sessions.open_many(count, ttl_s, sampling, min_policy_version, max_completion_tokens)
+        return [dataclasses.replace(ticket, openai_port=self.port or 0) for ticket in tickets]
 
     async def trajectory(self, session_id: str, *, close: bool = False) -> AgentTrajectory:
         """The session's calls as sequences (``close``: then closed). Built from a copy of its record taken

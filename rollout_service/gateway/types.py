@@ -165,8 +165,12 @@ class Answer:
 
 @dataclass(frozen=True)
 class SessionTicket:
+    """An open session: its id (the capability in its base URL), when it expires (ms since the Unix
+    epoch) and the port of the gateway that serves it (0: not known)."""
+
     session_id: str
     expires_unix_ms: int
+    openai_port: int = 0
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,15 @@ def _gateway_url(text: str) -> str:
     return text
 
 
+def replica_host(replica_address: str) -> str:
+    """The host of a replica's gRPC address (``HOST:PORT`` or ``[IPV6]:PORT``, brackets kept)."""
+    return replica_address.rsplit(":", 1)[0] if ":" in replica_address else replica_address
+
+
 def gateway_base_url(gateway_url: str, replica_address: str) -> str:
-    """``gateway_url`` with ``{host}`` replaced by the host of the replica's gRPC address (``HOST:PORT`` or
-    ``[IPV6]:PORT``, brackets kept): where the agent reaches the gateway of the replica its session is on."""
-    host = replica_address.rsplit(":", 1)[0] if ":" in replica_address else replica_address
-    return gateway_url.replace(HOST_PLACEHOLDER, host)
+    """``gateway_url`` with ``{host}`` replaced by the host of the replica's gRPC address: where the agent
+    reaches the gateway of the replica its session is on."""
+    return gateway_url.replace(HOST_PLACEHOLDER, replica_host(replica_address))
 
 
 def _agent_command(argv: list[str]) -> list[str]:
@@ -75,9 +79,9 @@ class AgentsConfig(StrictModel):
         description="The rollout service's OpenAI gateway as the agent reaches it, http://HOST:PORT (its "
         "--openai-port); an episode's base URL is this + /sessions/<id>/v1. With several rollout replicas, "
         f"{HOST_PLACEHOLDER} stands for the host of the replica an episode's session is on "
-        f"(http://{HOST_PLACEHOLDER}:8000). Unset: each replica's host at the gateway port its GetStatus "
-        "reports (https with services.tls_ca_file); a rollout service the run starts itself serves one on "
-        "a free loopback port.",
+        f"(http://{HOST_PLACEHOLDER}:8000). Unset: each replica's host at the port of its gateway, which "
+        "the replica names when it opens a session (https with services.tls_ca_file); a rollout service "
+        "the run starts itself serves one on a free loopback port.",
     )
     max_concurrent_episodes: int = Field(
         default=8,

@@ -157,11 +157,27 @@ def agent_metrics(completions: Sequence[AgentCompletion]) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where an episode's session lives: a rollout replica, and its gateway as the agent reaches it
-    (``http://HOST:PORT``; the base URL adds ``/sessions/<id>/v1``)."""
+    """Where an episode's session lives: a rollout replica, and its gateway as the agent reaches it:
+    ``gateway_url`` (``http://HOST:PORT``), or None: ``scheme://host`` at the port the session's ticket names
+    (the one the replica's gateway listens on, so a restarted replica's new port is followed)."""
 
     rollout: RolloutClient
-    gateway_url: str
+    gateway_url: str | None = None
+    host: str = "127.0.0.1"
+    scheme: str = "http"
+
+    def base_url(self, ticket: SessionTicket) -> str:
+        """The base URL the agent's SDK gets for the session of ``ticket``: the gateway +
+        ``/sessions/<id>/v1``."""
+        gateway = self.gateway_url
+        if gateway is None:
+            if not ticket.openai_port:
+                raise ValueError(
+                    f"the rollout replica at {self.host} named no gateway port for its session: set "
+                    "training.agents.gateway_url"
+                )
+            gateway = f"{self.scheme}://{self.host}:{ticket.openai_port}"
+        return f"{gateway}/sessions/{ticket.session_id}/v1"
 
 
 class SessionOpener:
@@ -346,7 +362,7 @@ class AgentEpisodes:
         try:
             request = EpisodeTask(
                 task=task,
-                base_url=f"{place.gateway_url}/sessions/{ticket.session_id}/v1",
+                base_url=place.base_url(ticket),
                 deadline_unix_ms=int((time.time() + timeout_s) * 1000),
                 episode_id=episode_id,
             )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from rollout_service.client import RolloutClient
-from trainer_service.config.agents import HOST_PLACEHOLDER, gateway_base_url
+from trainer_service.config.agents import gateway_base_url, replica_host
 from trainer_service.rollout.agent_episodes import AgentEpisodes, Placement, agent_metrics
 from trainer_service.rollout.episodes import episode_fields, fill_empty_completions
 from trainer_service.rollout.replicas import RolloutReplicas, RolloutUnavailable, shard_bounds
@@ -63,29 +63,21 @@ class AgentRollout(ServiceRollout):
         scheme = "https" if self.client.channel.tls_ca_file is not None else "http"
         # Fewer groups than replicas leave the extra replicas idle.
         for replica, (start, end) in zip(replicas[: len(bounds)], bounds, strict=True):
-            client = self.client.client(replica.address)
-            place = Placement(client, self._gateway_url(client, replica.address, scheme))
+            place = self._placement(self.client.client(replica.address), replica.address, scheme)
             placements += [place] * sum(count for _, count in runs[start:end])
         sampling = self.sampling.for_step(step, self.calls).as_dict()
         self.calls += 1
         version = min_version if min_version is not None else self.sync.current_version or 0
         return self.agents.play(prompts, placements, sampling, f"{self.name}{step}", version)
 
-    def _gateway_url(self, client: RolloutClient, address: str, scheme: str) -> str:
+    def _placement(self, client: RolloutClient, address: str, scheme: str) -> Placement:
         """Where the agent reaches the gateway of the replica at ``address``: ``training.agents.gateway_url``
         (``{host}`` its host), or unset, ``scheme`` (https when the services' TLS is verified) at the
-        replica's host and the port its GetStatus reports (asked each step: a restarted replica may have
-        another)."""
+        replica's host and the port each session's ticket names."""
         template = self.agents.config.gateway_url
-        if template is None:
-            port = client.status().openai_port
-            if not port:
-                raise ValueError(
-                    f"rollout replica {address} serves no OpenAI gateway: start it with --openai-port (or "
-                    "set training.agents.gateway_url)"
-                )
-            template = f"{scheme}://{HOST_PLACEHOLDER}:{port}"
-        return gateway_base_url(template, address)
+        if template is not None:
+            return Placement(client, gateway_base_url(template, address))
+        return Placement(client, host=replica_host(address), scheme=scheme)
 
     def to_trl(
         self,

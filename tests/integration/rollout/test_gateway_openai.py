@@ -236,8 +236,12 @@ def assert_error(reply, status: int, param: str | None, needle: str = "") -> dic
     return headers
 
 
-def test_the_status_reports_the_gateways_bound_port(running, rollout):
+def test_the_status_and_each_session_ticket_name_the_gateways_bound_port(running, rollout):
     assert rollout.status().openai_port == running.endpoint.port > 0
+    tickets = [rollout.open_agent_session(), *rollout.open_agent_sessions(3)]
+    assert {ticket.openai_port for ticket in tickets} == {running.endpoint.port}
+    for ticket in tickets:
+        rollout.close_agent_session(ticket.session_id)
 
 
 def test_a_pinned_session_samples_its_distribution_whatever_the_agent_asks(running, rollout):

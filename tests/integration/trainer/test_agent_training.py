@@ -12,7 +12,7 @@ import grpc
 import openai
 import pytest
 
-from grpo_runtime.call_errors import ServiceCallError
+from grpo_runtime.call_errors import FailedPreconditionError, ServiceCallError
 from grpo_runtime.client import ChannelConfig
 from rollout_service.client import FinishReason, RolloutClient
 from rollout_service.settings import RolloutSettings
@@ -371,5 +371,7 @@ def test_a_replica_without_a_gateway_fails_the_run_saying_so(tiny_models, files,
             agents={"target": agent_target},
         )
         raw["services"].pop("reward")  # a local reward service; the rollout service is the one above
-        with pytest.raises(ValueError, match="serves no OpenAI gateway: start it with --openai-port"):
+        with pytest.raises(
+            FailedPreconditionError, match=r"no OpenAI-compatible gateway \(start it with --openai-port"
+        ):
             run_job(parse_config(raw))

@@ -7,9 +7,10 @@ import re
 
 import pytest
 
+from rollout_service.client import RolloutClient, SessionTicket
 from trainer_service.config.agents import gateway_base_url
 from trainer_service.config.run_config import ConfigError, parse_config
-from trainer_service.rollout.agent_episodes import uses_agent_reward
+from trainer_service.rollout.agent_episodes import Placement, uses_agent_reward
 from trainer_service.training.builders import _reward_weights
 
 AGENTS = {"target": "127.0.0.1:50060", "gateway_url": "http://127.0.0.1:8000"}
@@ -102,3 +103,15 @@ def test_each_replica_has_its_gateway_on_its_own_host():
     assert gateway_base_url("http://{host}:8000", "10.0.0.2:50052") == "http://10.0.0.2:8000"
     assert gateway_base_url("http://{host}:8000", "[fd00::1]:50052") == "http://[fd00::1]:8000"
     assert gateway_base_url("http://gw.local:8000", "10.0.0.2:50052") == "http://gw.local:8000"
+
+
+def test_without_a_gateway_url_the_agent_goes_to_the_port_its_sessions_ticket_names():
+    rollout = RolloutClient("10.0.0.2:50052")  # never dialled: the channel opens at the first call
+    ticket = SessionTicket("abc", 0, openai_port=8123)
+    by_ticket = Placement(rollout, host="[fd00::1]", scheme="https")
+    assert by_ticket.base_url(ticket) == "https://[fd00::1]:8123/sessions/abc/v1"
+    assert (
+        Placement(rollout, "http://gw.local:8000").base_url(ticket) == "http://gw.local:8000/sessions/abc/v1"
+    )
+    with pytest.raises(ValueError, match="named no gateway port for its session: set training"):
+        by_ticket.base_url(SessionTicket("abc", 0))

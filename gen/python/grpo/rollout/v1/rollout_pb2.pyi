@@ -381,12 +381,14 @@ class OpenAgentSessionRequest(_message.Message):
     def __init__(self, ttl_seconds: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., min_policy_version: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ...) -> None: ...
 
 class OpenAgentSessionResponse(_message.Message):
-    __slots__ = ("session_id", "expires_unix_ms")
+    __slots__ = ("session_id", "expires_unix_ms", "openai_port")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    OPENAI_PORT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     expires_unix_ms: int
-    def __init__(self, session_id: _Optional[str] = ..., expires_unix_ms: _Optional[int] = ...) -> None: ...
+    openai_port: int
+    def __init__(self, session_id: _Optional[str] = ..., expires_unix_ms: _Optional[int] = ..., openai_port: _Optional[int] = ...) -> None: ...
 
 class OpenAgentSessionsRequest(_message.Message):
     __slots__ = ("session", "count")
