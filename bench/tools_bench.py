@@ -16,9 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import time
 from pathlib import Path
+
+import torch
+from e2e_bench import source_commit
 
 from rollout_service.engines.hf import HFEngine
 from rollout_service.types import GenerationJob, SamplingSpec
@@ -64,7 +68,7 @@ def main() -> None:
     parser.add_argument("--turn-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    load_at_start = os.getloadavg()
+    load_at_start = os.getloadavg()[0]
     engine = HFEngine(args.model)
     results: dict[str, list[dict]] = {"reuse": [], "recompute": []}
     for r in range(args.rounds):
@@ -75,6 +79,8 @@ def main() -> None:
     same = results["reuse"][0]["completions"] == results["recompute"][0]["completions"]
     reuse, recompute = results["reuse"][0], results["recompute"][0]
     summary = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+        "commit": source_commit(),
         "model": args.model,
         "workload": {"episodes": args.episodes, "turns": args.turns, "turn_tokens": args.turn_tokens},
         "prefill_tokens": {"reuse": reuse["prefill_tokens"], "recompute": recompute["prefill_tokens"]},
@@ -82,8 +88,9 @@ def main() -> None:
         "prefill_ratio": recompute["prefill_tokens"] / reuse["prefill_tokens"],
         "same_tokens_sampled": same,
         "wall_s_median": {m: statistics.median(x["wall_s"] for x in v) for m, v in results.items()},
-        "load_average": os.getloadavg(),
-        "load_average_at_start": load_at_start,
+        "wall_s_per_round": {m: [x["wall_s"] for x in v] for m, v in results.items()},
+        "load_average_1m_at_start": load_at_start,
+        "load_average_1m_at_end": os.getloadavg()[0],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2) + "\n")
