@@ -11,12 +11,34 @@ import logging
 import ssl
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from grpo_runtime.config import ServerConfig
 from grpo_runtime.http_metrics import HttpMetrics
 from grpo_runtime.server import BindError
 
 log = logging.getLogger(__name__)
+
+
+class _UnparsableRequestFilter(logging.Filter):
+    """aiohttp logs a request it could not parse (a request line or header over its limit, a malformed
+    header) at ERROR with its traceback, but a bad method at DEBUG "to not fill logs with noise". Each is the
+    caller's fault and answered 400, so any caller could fill the logs with them: these records go to DEBUG
+    too, without the traceback; every other record of aiohttp's server logger is left as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, HttpProcessingError):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        record.msg, record.args = f"{record.getMessage()}: {error.code} {error.message}"[:300], None
+        record.exc_info = record.exc_text = None
+        return _SERVER_LOG.isEnabledFor(logging.DEBUG)
+
+
+# The logger the endpoints' request handlers log to: aiohttp's own, filtered.
+_SERVER_LOG = logging.getLogger(f"{__name__}.server")
+_SERVER_LOG.addFilter(_UnparsableRequestFilter())
 
 
 def ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
@@ -56,6 +78,7 @@ class HttpCompanion:
             access_log=None,
             shutdown_timeout=config.grace_period_s,
             keepalive_timeout=self._header_timeout_s,
+            logger=_SERVER_LOG,
         )
         await runner.setup()
         site = web.TCPSite(runner, config.host, self._requested_port, ssl_context=ssl_context(config))

@@ -9,6 +9,7 @@ endpoint, plus the HTTP connection timeouts.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -367,6 +368,28 @@ def test_a_connection_that_trickles_its_headers_is_closed(url, server):
         # Generous: the limit is 1 s; only a missing timeout keeps it open for 30.
         assert closed_by_server(sock, b"a", within_s=30)
     assert requests.get(f"{url}/health", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /"
+        + b"a" * 9000
+        + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",  # a request line over aiohttp's limit
+        b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",  # a header over it
+        b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Header\r\n\r\n",  # no colon
+    ],
+)
+def test_an_unparsable_request_is_400_and_logged_at_debug_without_a_traceback(url, server, caplog, head):
+    [endpoint] = server.companions
+    with caplog.at_level(logging.DEBUG, logger="grpo_runtime.http_companion.server"):
+        with socket.create_connection(("127.0.0.1", endpoint.port), timeout=30) as sock:
+            sock.sendall(head)
+            assert sock.recv(65536).split(b"\r\n", 1)[0].endswith(b" 400 Bad Request")
+        assert requests.get(f"{url}/health", timeout=10).status_code == 200  # the handler has logged by now
+    logged = [r for r in caplog.records if r.name == "grpo_runtime.http_companion.server"]
+    assert logged and all(r.levelno == logging.DEBUG and r.exc_info is None for r in logged), logged
+    assert "Error handling request" in logged[0].getMessage() and "400" in logged[0].getMessage()
 
 
 def test_a_body_slower_than_its_timeout_is_408(url, server):
