@@ -14,22 +14,22 @@ agent episodes to TRL on the tool episodes' path (:func:`~trainer_service.rollou
 :class:`~trainer_service.rollout.episodes.EnvironmentReward` with weight ``agents.reward_weight``).
 
 A session with several branches (a rewritten history, a sub-agent) trains its last branch, the one holding the
-final answer. ``generation.max_completion_length`` caps each model call (the sessions pin it); with
+final answer (its leaf is the session's latest call); the others are counted in ``agents/untrained_branches``.
+``generation.max_completion_length`` caps each model call (the sessions pin it); with
 ``agents.max_completion_tokens`` the completion as a whole keeps a budget too, as the rollout service's own
-episodes keep ``max_completion_length``: sampled and agent-written tokens alike. The sessions carry it, so
-the gateway caps each call at what is left of it and answers a call made once it is spent with an empty
-reply (finish ``length``) without generating: no turn is sampled only to be cut away, and the agent's reward
-judges what the budget held. A longer completion (from a gateway that does not know the budget) is still cut
-here, back to its last sampled token within the budget (what follows it is context for nothing the loss
-sees), and finishes with LENGTH, so neither an agent's long tool results nor its number of calls grow the
-trainer's batch past it (``mask_truncated_completions`` takes one that does not end with EOS out of the
-loss). An episode fails when the agent's call fails (its error, or no answer by ``episode_timeout_s``), its
-reward is not finite, or the session holds no sampled token; it is then played again as a new episode (a new
-session, on the next agent server when there are several) up to ``max_episode_retries`` times, because
-dropping it would bias its group's advantage, and after that it becomes a completion of one unsampled EOS
-with ``tool_mask`` 0 and no agent reward: out of the loss, counted in ``agents/failed_episodes``. A failing
-rollout service is not an episode failure: its error propagates, and the step's generation is retried as any
-other."""
+episodes keep ``max_completion_length``: sampled and agent-written tokens alike. The sessions carry it, so the
+gateway caps each call at what is left of it and answers a call made once it is spent with an empty reply
+(finish ``length``) without generating: no turn is sampled only to be cut away, and the agent's reward judges
+what the budget held. A longer completion (from a gateway that does not know the budget) is still cut here,
+back to its last sampled token within the budget (what follows it is context for nothing the loss sees), and
+finishes with LENGTH, so neither an agent's long tool results nor its number of calls grow the trainer's batch
+past it (``mask_truncated_completions`` takes one that does not end with EOS out of the loss). An episode
+fails when the agent's call fails (its error, or no answer by ``episode_timeout_s``), its reward is not
+finite, or the session holds no sampled token; it is then played again as a new episode (a new session, on the
+next agent server when there are several) up to ``max_episode_retries`` times, because dropping it would bias
+its group's advantage, and after that it becomes a completion of one unsampled EOS with ``tool_mask`` 0 and no
+agent reward: out of the loss, counted in ``agents/failed_episodes``. A failing rollout service is not an
+episode failure: its error propagates, and the step's generation is retried as any other."""
 
 from __future__ import annotations
 
@@ -87,6 +87,7 @@ class AgentCompletion:
     retokenized_tokens: int = 0
     prefix_mismatches: int = 0
     model_calls: int = 0
+    untrained_branches: int = 0
 
 
 def completion_of(
@@ -120,6 +121,7 @@ def completion_of(
         retokenized_tokens=trajectory.retokenized_tokens,
         prefix_mismatches=trajectory.prefix_mismatches,
         model_calls=trajectory.calls,
+        untrained_branches=len(trajectory.sequences) - 1,
     )
 
 
@@ -141,8 +143,8 @@ def failed_completion(end_token_id: int, version: int, reason: str, attempts: in
 
 def agent_metrics(completions: Sequence[AgentCompletion]) -> dict[str, float]:
     """``agents/*`` metrics of one generation batch: episodes given up on, extra episodes played for
-    retries, model calls of the trained episodes, tokens the gateway rendered again and calls whose prefix
-    did not match (summed)."""
+    retries, model calls of the trained episodes, tokens the gateway rendered again, calls whose prefix
+    did not match and branches left out of training (all but each session's last; summed)."""
     if not completions:
         return {}
     return {
@@ -152,6 +154,7 @@ def agent_metrics(completions: Sequence[AgentCompletion]) -> dict[str, float]:
         "agents/retokenized_tokens": float(sum(c.retokenized_tokens for c in completions)),
         "agents/prefix_mismatches": float(sum(c.prefix_mismatches for c in completions)),
         "agents/model_calls": float(sum(c.model_calls for c in completions)),
+        "agents/untrained_branches": float(sum(c.untrained_branches for c in completions)),
     }
 
 

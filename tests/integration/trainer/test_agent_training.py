@@ -269,7 +269,7 @@ def assert_agent_steps(rows: list[dict], steps: int) -> list[dict]:
     assert len(trained) == steps, rows
     for row in trained:
         assert row["agents/episodes"] >= 4.0 and row["agents/failed_episodes"] == 0.0, row
-        assert row["agents/prefix_mismatches"] == 0.0
+        assert row["agents/prefix_mismatches"] == 0.0 and row["agents/untrained_branches"] == 0.0
     return trained
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from rollout_service.client import AgentTrajectory, FinishReason
 from rollout_service.gateway.types import AgentSequence
-from trainer_service.rollout.agent_episodes import EpisodeFailed, completion_of
+from trainer_service.rollout.agent_episodes import EpisodeFailed, agent_metrics, completion_of
 
 # Two prompt tokens, a first reply of two tokens (version 2), a tool result of three, a second reply of two
 # (version 3).
@@ -56,9 +56,13 @@ def test_a_budget_of_one_token_keeps_the_first_sampled_one():
     assert completion.token_ids == [10] and completion.finish_reason == FinishReason.LENGTH
 
 
-def test_the_last_branch_is_trained_and_a_session_without_sampled_tokens_fails():
+def test_the_last_branch_is_trained_the_others_counted_and_a_session_without_sampled_tokens_fails():
     first = AgentSequence([1, 5], [0, 1], [0.0, -1.0], [0, 0])
-    assert completion_of(trajectory(first, SESSION.sequences[0]), None).token_ids == TOKENS[2:]
+    branching = completion_of(trajectory(first, SESSION.sequences[0]), None)
+    assert branching.token_ids == TOKENS[2:] and branching.untrained_branches == 1
+    assert completion_of(SESSION, None).untrained_branches == 0
+    metrics = agent_metrics([branching, completion_of(SESSION, None), branching])
+    assert metrics["agents/untrained_branches"] == 2.0 and metrics["agents/episodes"] == 3.0
     with pytest.raises(EpisodeFailed, match="empty session"):
         completion_of(trajectory(), None)
     with pytest.raises(EpisodeFailed, match="no sampled token"):
