@@ -13,7 +13,10 @@ processor for it, so this model runs through both engines and TRL without torchv
   128, 2 heads of head_dim 64, 2 layers) and the shared tokenizer plus Idefics3's special tokens;
 - processor: ``Idefics3Processor`` with ``Idefics3ImageProcessorPil`` resizing every picture to 56 × 56
   without splitting it into tiles, so each ``<image>`` of the rendered prompt becomes
-  ``<fake_token_around_image><global-img>`` + 4 × ``<image>`` + ``<fake_token_around_image>``;
+  ``<fake_token_around_image><global-img>`` + 4 × ``<image>`` + ``<fake_token_around_image>``; or, with
+  ``image_splitting`` (SmolVLM's default), resizing it to 112 × 112 and cutting it into ``TILES`` = 2 × 2
+  tiles of 56 pixels plus the whole picture at 56, each 4 image tokens after its ``<row_i_col_j>`` (or
+  ``<global-img>``) tag;
 - chat template: the shared one of content parts (``tiny_models.tokenizer.PARTS_CHAT_TEMPLATE``).
 
 Its answers are noise: tests compare the engines' logprobs with a fresh forward pass, not accuracy.
@@ -43,17 +46,23 @@ from tiny_models.vision import VISION_SHAPES
 PATCH_SIZE = 14
 SCALE_FACTOR = 2
 IMAGE_TOKENS = (vision_task.IMAGE_SIZE // PATCH_SIZE) ** 2 // SCALE_FACTOR**2
+# With image splitting: the picture resized to twice the tile size, so 2 × 2 tiles and the whole picture.
+TILES = 2 * 2 + 1
 
 
-def idefics3_processor() -> Idefics3Processor:
+def idefics3_processor(image_splitting: bool = False) -> Idefics3Processor:
     """The processor over the shared tokenizer (to which it adds ``<fake_token_around_image>``, ``<image>``
     and ``<end_of_utterance>``; ``<global-img>`` is added here): pictures resized to 56 × 56, one tile each,
-    ``pixel_values`` of shape (B, images, 3, 56, 56) and a ``pixel_attention_mask`` (B, images, 56, 56)."""
+    ``pixel_values`` of shape (B, images, 3, 56, 56) and a ``pixel_attention_mask`` (B, images, 56, 56);
+    with ``image_splitting``, ``TILES`` tiles a picture (B, images × TILES, ...)."""
     tokenizer = build_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": ["<global-img>"]})
     tokenizer.chat_template = PARTS_CHAT_TEMPLATE
-    size = {"longest_edge": vision_task.IMAGE_SIZE}
-    image_processor = Idefics3ImageProcessorPil(do_image_splitting=False, size=size, max_image_size=size)
+    tile = {"longest_edge": vision_task.IMAGE_SIZE}
+    size = {"longest_edge": 2 * vision_task.IMAGE_SIZE} if image_splitting else tile
+    image_processor = Idefics3ImageProcessorPil(
+        do_image_splitting=image_splitting, size=size, max_image_size=tile
+    )
     return Idefics3Processor(
         image_processor=image_processor,
         tokenizer=tokenizer,
@@ -83,10 +92,11 @@ def idefics3_model(processor: Idefics3Processor) -> Idefics3ForConditionalGenera
     return Idefics3ForConditionalGeneration(config)
 
 
-def write_idefics3(out: Path, seed: int = 0) -> Path:
-    """The model of seed ``seed`` and its processor in ``out``."""
+def write_idefics3(out: Path, seed: int = 0, image_splitting: bool = False) -> Path:
+    """The model of seed ``seed`` and its processor (``image_splitting``: see :func:`idefics3_processor`) in
+    ``out``."""
     torch.manual_seed(seed)
-    processor = idefics3_processor()
+    processor = idefics3_processor(image_splitting)
     model = idefics3_model(processor)
     out.mkdir(parents=True, exist_ok=True)
     processor.save_pretrained(out)

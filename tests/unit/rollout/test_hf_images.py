@@ -24,6 +24,7 @@ from rollout_service.types import GenerateRequest, PromptInput, SamplingSpec, We
 from rollout_service.weights import ParamCatalog, sha256_hex, state_dict_bytes
 from tiny_models import vision_task
 from tiny_models.idefics3 import IMAGE_TOKENS as IDEFICS3_IMAGE_TOKENS
+from tiny_models.idefics3 import TILES as IDEFICS3_TILES
 from tiny_models.idefics3 import write_idefics3
 
 VISION = Path(__file__).resolve().parents[3] / "models" / "vision"
@@ -154,11 +155,12 @@ async def test_the_image_token_is_never_sampled(core):
     assert all(image_token not in result.token_ids for result in [greedy, *sampled])
 
 
-async def test_idefics3_prompts_of_different_picture_counts_share_a_batch(tmp_path):
-    """Idefics3's processor gives (prompts, pictures, ...) tensors: in one batch, a prompt with two
-    pictures, one with one (its missing slot zero-filled) and a text prompt each score as a fresh forward
-    of their own."""
-    model_dir = write_idefics3(tmp_path / "idefics3")
+@pytest.mark.parametrize("tiles", [1, IDEFICS3_TILES], ids=["whole", "split"])
+async def test_idefics3_prompts_of_different_picture_counts_share_a_batch(tmp_path, tiles):
+    """Idefics3's processor gives (prompts, pictures × tiles, ...) tensors: in one batch, a prompt with two
+    pictures, one with one (its missing slots zero-filled) and a text prompt each score as a fresh forward
+    of their own, with each picture whole or (SmolVLM's image splitting) cut into tiles plus the whole."""
+    model_dir = write_idefics3(tmp_path / "idefics3", image_splitting=tiles > 1)
     engine = HFEngine(str(model_dir))
     core = RolloutCore(engine, engine.tokenizer, ParamCatalog.from_model_dir(model_dir), batch_window_s=0.01)
     await core.start()
@@ -173,7 +175,9 @@ async def test_idefics3_prompts_of_different_picture_counts_share_a_batch(tmp_pa
         for k, result in enumerate(results):
             images = job.images[k // 2]
             pictures = len(images.pictures) if images else 0
-            assert result.prompt_token_ids.count(image_token) == pictures * IDEFICS3_IMAGE_TOKENS
+            assert result.prompt_token_ids.count(image_token) == pictures * tiles * IDEFICS3_IMAGE_TOKENS
+            if images:
+                assert images.inputs["pixel_values"].shape[1] == pictures * tiles
             inputs = images.inputs if images else {}
             expected = fresh_logprobs(engine.model, result.prompt_token_ids, result.token_ids, inputs, 1.0)
             assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-4)
