@@ -25,7 +25,7 @@ from trainer_service.config.run_config import parse_config
 from trainer_service.core.types import RunState
 from trainer_service.local.launcher import LocalServices, start_local_services
 from trainer_service.training.callbacks import read_metrics
-from trainer_service.training.job import run_job
+from trainer_service.training.job import JobResult, run_job
 
 pytestmark = pytest.mark.slow
 
@@ -171,14 +171,10 @@ def test_an_eval_gate_rollback_restores_a_vision_checkpoint(vision_services, tmp
     assert final.keys() == good.keys() and all(final[k].equal(good[k]) for k in final)
 
 
-def test_a_run_on_tiled_pictures_trains_on_what_the_hf_engine_saw(tmp_path):
-    """SmolVLM's image splitting: the tiny Idefics3 cuts each picture into 2 × 2 tiles plus the whole one
-    (``pixel_values`` of (prompts, pictures × 5, ...), each tile behind its ``<row_i_col_j>`` tag), served by
-    the HF engine, with dynamic sampling merging batches of them: the trainer's logprobs with the
-    processor's pixels equal the engine's."""
-    model = write_idefics3(tmp_path / "idefics3", image_splitting=True)
+def idefics3_run(model: Path, engine: str, tmp_path: Path, **start) -> tuple[JobResult, list[dict]]:
+    """A 3-step vision run of ``model`` on ``engine`` with dynamic sampling: its result and step records."""
     with start_local_services(
-        need_reward=True, need_rollout=True, model=model, engine="hf", log_dir=tmp_path / "logs"
+        need_reward=True, need_rollout=True, model=model, engine=engine, log_dir=tmp_path / "logs", **start
     ) as services:
         raw = vision_config(tmp_path / "run", eval_slice(tmp_path / "eval", 8), services)
         raw["base"] = str(model)
@@ -187,6 +183,16 @@ def test_a_run_on_tiled_pictures_trains_on_what_the_hf_engine_saw(tmp_path):
     assert result.state is RunState.COMPLETED, result.message
     records = read_metrics(result.metrics_path)
     assert [r["step"] for r in records] == [1, 2, 3]
+    return result, records
+
+
+def test_a_run_on_tiled_pictures_trains_on_what_the_hf_engine_saw(tmp_path):
+    """SmolVLM's image splitting: the tiny Idefics3 cuts each picture into 2 × 2 tiles plus the whole one
+    (``pixel_values`` of (prompts, pictures × 5, ...), each tile behind its ``<row_i_col_j>`` tag), served by
+    the HF engine, with dynamic sampling merging batches of them: the trainer's logprobs with the
+    processor's pixels equal the engine's."""
+    model = write_idefics3(tmp_path / "idefics3", image_splitting=True)
+    _, records = idefics3_run(model, "hf", tmp_path)
     # With another picture's tiles this random model's logprobs differ by up to 1.1 nats (measured).
     key = "sampling/sampling_logp_difference/max"
     compared = [r[key] for r in records if key in r]
@@ -200,21 +206,7 @@ def test_a_vision_run_on_the_vllm_engine(tmp_path):
     the processor's pixels agree with vLLM's up to its sampler's renormalisation (the image token and, for
     the first token, EOS left out of its distribution)."""
     model = write_idefics3(tmp_path / "idefics3")
-    with start_local_services(
-        need_reward=True,
-        need_rollout=True,
-        model=model,
-        engine="vllm",
-        log_dir=tmp_path / "logs",
-        startup_timeout_s=600,
-    ) as services:
-        raw = vision_config(tmp_path / "run", eval_slice(tmp_path / "eval", 8), services)
-        raw["base"] = str(model)
-        raw["training"]["sampling"] = {"dynamic_sampling": {"max_gen_batches": 3}}
-        result = run_job(parse_config(raw))
-    assert result.state is RunState.COMPLETED, result.message
-    records = read_metrics(result.metrics_path)
-    assert [r["step"] for r in records] == [1, 2, 3]
+    result, records = idefics3_run(model, "vllm", tmp_path, startup_timeout_s=600)
     assert result.weight_pushes == STEPS + 1
     # A random model rarely counts right: groups without a reward spread are replaced, and the merged
     # batches carry Idefics3's per-completion pixel rows.
