@@ -2,8 +2,10 @@
 ``function_tool``, run by ``Runner.run``, served over ``grpo.agent.v1`` so the trainer can train the policy
 it calls. Only the base URL ties it to the trainer.
 
-The model is ``OpenAIChatCompletionsModel``: the SDK's default model speaks the Responses API, which the
-gateway does not serve. Tracing is disabled: its exporter would send every run to api.openai.com.
+The model is the SDK's default, ``OpenAIResponsesModel`` (the Responses API, which the gateway serves over its
+chat path), or with ``api="chat_completions"`` ``OpenAIChatCompletionsModel``; both are given the episode's
+client, as ``set_default_openai_client`` would give them a global one. Tracing is disabled: its exporter
+would send every run to api.openai.com.
 
     python -m examples.agents.agents_sdk_agent --port 50060     # from the repository root
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from agents import (
     Agent,
@@ -20,6 +22,7 @@ from agents import (
     ModelBehaviorError,
     ModelSettings,
     OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
     Runner,
     function_tool,
     set_tracing_disabled,
@@ -49,11 +52,15 @@ def calculator_tool(expression: str) -> str:
     return calculator(expression)
 
 
-def episode_player(sampling: Sampling) -> RunEpisode:
+def episode_player(
+    sampling: Sampling, api: Literal["responses", "chat_completions"] = "responses"
+) -> RunEpisode:
     """``run_episode(task, base_url, deadline)``: the agent answers the row's question within
-    ``sampling.max_turns`` model calls. A model that calls no known tool or never stops scores 0."""
+    ``sampling.max_turns`` model calls, over ``api`` (the names of the SDK's ``set_default_openai_api``). A
+    model that calls no known tool or never stops scores 0."""
 
     shared = shared_client()
+    model_class = OpenAIResponsesModel if api == "responses" else OpenAIChatCompletionsModel
 
     async def run_episode(task: dict[str, Any], base_url: str, deadline: float | None):
         client = shared.with_options(base_url=base_url)
@@ -61,7 +68,7 @@ def episode_player(sampling: Sampling) -> RunEpisode:
             name="calculator agent",
             instructions="Answer the arithmetic question. Use the calculator tool.",
             tools=[calculator_tool],
-            model=OpenAIChatCompletionsModel(model=sampling.model, openai_client=client),
+            model=model_class(model=sampling.model, openai_client=client),
             model_settings=ModelSettings(temperature=sampling.temperature, max_tokens=sampling.max_tokens),
         )
         try:

@@ -1,7 +1,8 @@
 """The gateway's HTTP layer: aiohttp routes, JSON in and out through :mod:`openai_codec`, statuses; every
 call's logic is one :class:`~rollout_service.gateway.service.AgentGateway` method.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, and the same under
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses`` (OpenAI's Responses
+API over the chat path, :mod:`responses_codec`), ``GET /v1/models``, and the same under
 ``/sessions/{session_id}/v1/``. Errors are OpenAI's shape ``{"error": {"message", "type", "param",
 "code"}}``, ``param`` naming the request field: a malformed body or field 400; an unknown or expired
 session, or a path outside a session when ``serve_without_session`` is off, 404; a body over
@@ -24,7 +25,7 @@ from grpo_runtime.errors import InvalidArgument, NotFound, ResourceExhausted, Se
 from grpo_runtime.http_companion import HttpCompanion
 from grpo_runtime.http_metrics import HttpMetrics
 from grpo_runtime.off_loop import off_loop_unless
-from rollout_service.gateway import openai_codec
+from rollout_service.gateway import openai_codec, responses_codec
 from rollout_service.gateway.service import AgentGateway
 from rollout_service.gateway.types import Answer
 from rollout_service.settings import GatewaySettings
@@ -91,6 +92,10 @@ class _SlowBody(Exception):
     pass
 
 
+def _completion_object(answer: Answer, call) -> dict:
+    return openai_codec.encode_answer(answer, return_token_ids=call.return_token_ids)
+
+
 class GatewayHttpApi:
     def __init__(self, gateway: AgentGateway, settings: GatewaySettings, metrics: HttpMetrics) -> None:
         self._gateway = gateway
@@ -101,6 +106,7 @@ class GatewayHttpApi:
         for prefix in ("", SESSION_PREFIX):
             self.app.router.add_post(f"{prefix}/v1/chat/completions", self.chat_completions)
             self.app.router.add_post(f"{prefix}/v1/completions", self.completions)
+            self.app.router.add_post(f"{prefix}/v1/responses", self.responses)
             self.app.router.add_get(f"{prefix}/v1/models", self.models)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -109,6 +115,16 @@ class GatewayHttpApi:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(
             request, "prompt", openai_codec.decode_completion_request, self._gateway.complete
+        )
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(
+            request,
+            "input",
+            responses_codec.decode_responses_request,
+            self._gateway.chat,
+            encode=responses_codec.encode_response,
+            rename=responses_codec.responses_field,
         )
 
     async def models(self, request: web.Request) -> web.Response:
@@ -121,9 +137,12 @@ class GatewayHttpApi:
         )
         return web.json_response(body)
 
-    async def _serve(self, request: web.Request, prompt_field: str, decode, serve) -> web.StreamResponse:
-        """Session check, body, decode, one gateway call, the answer whole or streamed; a large body's
-        decoding and rendering, and a long answer's encoding, in worker threads."""
+    async def _serve(
+        self, request: web.Request, prompt_field: str, decode, serve, *, encode=None, rename=None
+    ) -> web.StreamResponse:
+        """Session check, body, decode, one gateway call, the answer whole (``encode(answer, call)``; default
+        OpenAI's completion objects) or streamed; a large body's decoding and rendering, and a long answer's
+        encoding, in worker threads. ``rename``: an error's field as the route's request names it."""
         session_id = request.match_info.get("session_id")
         try:
             self._gateway.check_session(session_id)
@@ -145,13 +164,11 @@ class GatewayHttpApi:
                 f"{self._settings.body_timeout_s:g} s",
             )
         except ServiceError as exc:
-            return self._error(exc, prompt_field)
+            return self._error(exc, prompt_field, rename)
         if call.stream:
             return await self._stream(request, answer, call.include_usage, call.return_token_ids)
         small = sum(len(choice.token_ids) for choice in answer.choices) <= INLINE_ANSWER_TOKENS
-        encoded = await off_loop_unless(
-            small, openai_codec.encode_answer, answer, return_token_ids=call.return_token_ids
-        )
+        encoded = await off_loop_unless(small, encode or _completion_object, answer, call)
         return web.json_response(encoded)
 
     async def _body(self, request: web.Request) -> bytes:
@@ -188,9 +205,11 @@ class GatewayHttpApi:
         return response
 
     @staticmethod
-    def _error(exc: ServiceError, prompt_field: str) -> web.Response:
+    def _error(exc: ServiceError, prompt_field: str, rename=None) -> web.Response:
         status, headers = _status_of(exc)
         param = openai_codec.openai_field(exc.field, prompt_field)
+        if rename is not None:
+            param = rename(param)
         message = f"{param}: {exc.message}" if param else exc.message
         return error_response(status, message, param, headers)
 

@@ -41,7 +41,8 @@ rollout_service:
                                                  the engines.base.UpdatePause protocol)
        gateway/                                  the OpenAI-compatible gateway's sessions, prompts and
                                                  trajectories over the core (gateway/types.py: layer 0;
-                                                 gateway/openai_codec.py, http_app.py: layer 4)
+                                                 gateway/openai_codec.py, responses_codec.py, http_app.py:
+                                                 layer 4)
     4  codec.py, weight_codec.py, api/, client.py  protobuf <-> domain, the servicer; RolloutClient
     5  server.py, __main__.py                    assembly, entry point
 
@@ -109,6 +110,7 @@ LAYERS = {
     "rollout_service.gateway": 3,
     "rollout_service.gateway.types": 0,
     "rollout_service.gateway.openai_codec": 4,
+    "rollout_service.gateway.responses_codec": 4,
     "rollout_service.gateway.http_app": 4,
     "rollout_service.codec": 4,
     "rollout_service.weight_codec": 4,

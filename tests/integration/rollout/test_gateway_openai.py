@@ -163,6 +163,87 @@ def test_a_tool_loop_through_the_sdk_is_one_exact_sequence(running, rollout):
         ask(sdk, messages, seed)
 
 
+RESPONSES_CALCULATOR = {"type": "function", **CALCULATOR["function"]}
+
+
+def test_a_tool_loop_over_the_responses_api_is_one_exact_sequence_as_chat_would_give(running, rollout):
+    """The Responses API serves the chat path: a first call that calls the calculator, then the SDK's own
+    output items sent back with the tool's result, give the same ids, answer and single sequence as the
+    same two turns over chat completions."""
+    outside = running.sdk()
+    seed = next(s for s in range(64) if ask(outside, [QUESTION], s).choices[0].message.tool_calls)
+    ticket = rollout.open_agent_session()
+    sdk = running.sdk(ticket.session_id)
+    inputs: list = [QUESTION]
+    first = sdk.responses.create(
+        model="tools",
+        input=inputs,
+        tools=[RESPONSES_CALCULATOR],
+        max_output_tokens=40,
+        extra_body={"seed": seed},
+    )
+    assert first.status == "completed" and first.object == "response"
+    [call] = [item for item in first.output if item.type == "function_call"]
+    assert call.name == "calculator" and call.call_id
+    inputs += [item.model_dump(exclude_none=True) for item in first.output]  # as the Agents SDK sends them
+    inputs.append({"type": "function_call_output", "call_id": call.call_id, "output": "929"})
+    second = sdk.responses.create(
+        model="tools",
+        input=inputs,
+        tools=[RESPONSES_CALCULATOR],
+        max_output_tokens=40,
+        extra_body={"seed": seed + 1},
+    )
+    trajectory = rollout.agent_trajectory(ticket.session_id, close=True)
+    assert trajectory.calls == 2 and trajectory.prefix_mismatches == 0 and trajectory.retokenized_tokens == 0
+    (sequence,) = trajectory.sequences
+    assert second.usage.input_tokens + second.usage.output_tokens == len(sequence.token_ids)
+    # The same two turns over chat completions, in a session of their own.
+    chat_ticket = rollout.open_agent_session()
+    chat = running.sdk(chat_ticket.session_id)
+    reply = ask(chat, [QUESTION], seed).choices[0].message
+    messages = [QUESTION, reply, {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": "929"}]
+    again = ask(chat, messages, seed + 1).choices[0].message
+    assert (again.content or "") == second.output_text
+    (chat_sequence,) = rollout.agent_trajectory(chat_ticket.session_id, close=True).sequences
+    assert chat_sequence.token_ids == sequence.token_ids and chat_sequence.loss_mask == sequence.loss_mask
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "param", "needle"),
+    [
+        ({"stream": True}, 400, "stream", "/v1/chat/completions"),
+        ({"previous_response_id": "resp_1"}, 400, "previous_response_id", "whole conversation"),
+        ({"input": [QUESTION] * 9}, 413, "input", "gateway.max_messages"),
+        ({"input": []}, 400, "input", "non-empty"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, 400, "input[0].type", "function_call_output"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            400,
+            "input[0].content[0].type",
+            "text parts",
+        ),
+        ({"input": [QUESTION, {"type": "function_call_output", "output": "1"}]}, 400, "input[1].call_id", ""),
+        ({"input": [QUESTION, {"role": "user", "content": {"x": 1}}]}, 400, "input[1].content", ""),
+        ({"max_output_tokens": 65}, 400, "max_output_tokens", "gateway.max_tokens"),
+        ({"tools": [{"type": "web_search"}]}, 400, "tools[0].type", "function"),
+        ({"tools": [{"type": "function", "name": "a b"}]}, 400, "tools[0].name", "letters"),
+        ({"tools": [RESPONSES_CALCULATOR] * 3}, 413, "tools", "gateway.max_tools"),
+        (
+            {"tools": [RESPONSES_CALCULATOR], "tool_choice": {"type": "function", "name": "x"}},
+            400,
+            "tool_choice.name",
+            "",
+        ),
+        ({"text": {"format": {"type": "json_object"}}}, 400, "text.format", "text"),
+        ({"instructions": 5}, 400, "instructions", "string"),
+    ],
+)
+def test_bad_responses_requests_name_the_field_as_the_caller_wrote_it(running, fields, status, param, needle):
+    body = json.dumps({"model": "tools", "input": [QUESTION], "max_output_tokens": 4, **fields}).encode()
+    assert_error(post(running.base_url() + "/responses", body), status, param, needle)
+
+
 def test_streaming_gives_the_same_answer_as_a_whole_one(running, rollout):
     ticket = rollout.open_agent_session()
     sdk = running.sdk(ticket.session_id)

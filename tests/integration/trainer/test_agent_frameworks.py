@@ -66,9 +66,17 @@ def assert_trained_on_agent_episodes(steps: list[dict]) -> None:
         assert row["agents/prefix_mismatches"] == 0.0, row
 
 
-@pytest.mark.parametrize("example", [openai_sdk_agent, agents_sdk_agent], ids=["openai-sdk", "agents-sdk"])
-def test_a_python_sdk_agent_trains(example, tiny_models, services, tmp_path):
-    with python_agent(example.episode_player(SAMPLING)) as target:
+@pytest.mark.parametrize(
+    ("example", "options"),
+    [
+        (openai_sdk_agent, {}),
+        (agents_sdk_agent, {}),  # the SDK's default model: the Responses API
+        (agents_sdk_agent, {"api": "chat_completions"}),
+    ],
+    ids=["openai-sdk", "agents-sdk-responses", "agents-sdk-chat"],
+)
+def test_a_python_sdk_agent_trains(example, options, tiny_models, services, tmp_path):
+    with python_agent(example.episode_player(SAMPLING, **options)) as target:
         steps = train_two_steps(tiny_models, services, target, tmp_path / "run")
     assert_trained_on_agent_episodes(steps)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from grpo_runtime.errors import InvalidArgument, ResourceExhausted
-from rollout_service.gateway import openai_codec
+from rollout_service.gateway import openai_codec, responses_codec
 from rollout_service.gateway.types import Answer, Choice, FunctionCall, Message
 from rollout_service.settings import GatewaySettings
 from rollout_service.types import FinishReason
@@ -205,3 +205,77 @@ def test_core_fields_are_renamed_to_the_callers():
     assert openai_codec.openai_field("prompts[0]", "messages") == "messages"
     assert openai_codec.openai_field("prompts", "prompt") == "prompt"
     assert openai_codec.openai_field("gateway.max_sessions", "prompt") == "gateway.max_sessions"
+
+
+# ------------------------------------------------------------- Responses API
+def test_a_responses_turn_reads_as_the_chat_messages_it_means():
+    body = {
+        "instructions": "Use the calculator.",
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "What is 2 + 2?"}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me."}]},
+            {"type": "function_call", "call_id": "call_1", "name": "calculator", "arguments": '{"e": "2+2"}'},
+            {"type": "function_call_output", "call_id": "call_1", "output": "4"},
+        ],
+        "tools": [{"type": "function", "name": "calculator", "parameters": {"type": "object"}}],
+        "tool_choice": {"type": "function", "name": "calculator"},
+        "max_output_tokens": 7,
+        "store": True,  # changes nothing here: accepted
+    }
+    request = responses_codec.decode_responses_request(body, GatewaySettings(max_messages=4))
+    assert request.messages == (
+        Message("system", "Use the calculator."),
+        Message("user", "What is 2 + 2?"),
+        Message("assistant", "Let me.", (FunctionCall("call_1", "calculator", '{"e": "2+2"}'),)),
+        Message("tool", "4", tool_call_id="call_1"),
+    )
+    assert request.tools[0]["function"]["name"] == "calculator" and request.tool_choice == "calculator"
+    assert request.sampling.max_tokens == 7 and request.n == 1 and not request.stream
+
+
+def test_a_responses_error_names_the_item_the_caller_wrote():
+    body = {
+        "instructions": "x",
+        "input": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}],
+    }
+    with pytest.raises(InvalidArgument) as info:
+        responses_codec.decode_responses_request(body, SETTINGS)
+    assert info.value.field == "input[1].role"
+    body = {"input": [{"role": "user", "content": "a"}], "max_output_tokens": 51}
+    with pytest.raises(InvalidArgument) as info:
+        responses_codec.decode_responses_request(body, SETTINGS)
+    assert info.value.field == "max_output_tokens" and "gateway.max_tokens" in info.value.message
+    with pytest.raises(ResourceExhausted) as info:  # refused at the fourth message, before reading the rest
+        responses_codec.decode_responses_request(
+            {"input": [{"role": "user", "content": "a"}] * 4 + [5]}, SETTINGS
+        )
+    assert info.value.field == "input" and "gateway.max_messages" in info.value.message
+    assert responses_codec.responses_field("messages[0].content", ["instructions"]) == "instructions"
+    assert responses_codec.responses_field("tools[2].function.parameters") == "tools[2].parameters"
+
+
+def test_a_served_call_answers_as_a_response_object():
+    call = FunctionCall("call_9", "calculator", '{"e": "1"}')
+    choice = Choice(
+        0, [5, 6], [-0.1, -0.2], [0, 0], "x", FinishReason.STOP, Message("assistant", "Hm.", (call,))
+    )
+    answer = Answer("chatcmpl-abc", "chat", 1700000000, "tools", [1, 2, 3], [choice])
+    request = responses_codec.decode_responses_request({"input": "q"}, SETTINGS)
+    out = responses_codec.encode_response(answer, request)
+    assert out["object"] == "response" and out["id"] == "resp_abc" and out["status"] == "completed"
+    message, function_call = out["output"]
+    assert message["type"] == "message" and message["content"][0] == {
+        "type": "output_text",
+        "text": "Hm.",
+        "annotations": [],
+        "logprobs": [],
+    }
+    assert (function_call["type"], function_call["call_id"], function_call["name"]) == (
+        "function_call",
+        "call_9",
+        "calculator",
+    )
+    assert out["usage"]["input_tokens"] == 3 and out["usage"]["output_tokens"] == 2
+    cut = Choice(0, [5], [-0.1], [0], "x", FinishReason.LENGTH, Message("assistant", "x"))
+    out = responses_codec.encode_response(Answer("chatcmpl-b", "chat", 0, "tools", [1], [cut]), request)
+    assert out["status"] == "incomplete" and out["incomplete_details"] == {"reason": "max_output_tokens"}

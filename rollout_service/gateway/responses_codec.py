@@ -1,0 +1,304 @@
+"""OpenAI's Responses API (``POST /v1/responses``) over the gateway's chat path, both directions.
+
+A Responses request is read into the chat request it means, and served by the same token-exact sessions, so
+an agent written with the OpenAI Agents SDK's default model (which speaks this API) trains as a chat one
+does: a turn that sends back the previous turn's output items extends the recorded call.
+
+- ``instructions``: a system message before the conversation;
+- ``input``: a text (one user message), or items: a ``message`` item (``type`` may be left out; roles as in
+  chat; text, or ``input_text`` / ``output_text`` parts) is a message; ``function_call`` items are the tool
+  calls of the assistant message before them (or of an assistant message of their own), ``call_id`` each
+  call's id; a ``function_call_output`` item is a tool message answering ``call_id``;
+- ``tools`` (function tools, flat: ``name``, ``description``, ``parameters``) and ``tool_choice`` as chat's;
+  ``max_output_tokens`` the call's ``max_tokens``; ``temperature``, ``top_p`` as chat's.
+
+The answer is a ``response`` object: the reply's text as a ``message`` item with one ``output_text`` part,
+each tool call a ``function_call`` item (``call_id`` the id chat gives it); ``status`` "incomplete" with
+reason ``max_output_tokens`` when the reply was cut there.
+
+Refused by name rather than ignored: ``stream`` (stream with ``/v1/chat/completions``),
+``previous_response_id`` and ``conversation`` (no response is stored: send the whole conversation),
+``background``, ``prompt``, a ``text.format`` other than text, ``top_logprobs``, and items, parts and tools
+of other kinds (images, files, reasoning, built-in tools). Errors name the field as the caller wrote it,
+also for what the chat reader checks (``input[2].content``, ``max_output_tokens``).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo_runtime.errors import InvalidArgument, ResourceExhausted, ServiceError
+from rollout_service.gateway.openai_codec import decode_chat_request, usage
+from rollout_service.gateway.types import Answer, ChatRequest
+from rollout_service.settings import GatewaySettings
+from rollout_service.types import FinishReason
+
+# Set to anything but null (or false), these ask for what this server does not do.
+_REFUSED = {
+    "stream": "not supported on /v1/responses; stream with /v1/chat/completions",
+    "previous_response_id": "this server stores no responses; send the whole conversation as input",
+    "conversation": "this server stores no conversations; send the whole conversation as input",
+    "background": "not supported by this server; leave it unset",
+    "prompt": "stored prompts are not supported by this server; send instructions and input",
+    "top_logprobs": "not supported on /v1/responses; leave it unset",
+}
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop")
+_MESSAGE_ROLES = frozenset({"user", "system", "developer", "assistant"})
+_TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+
+
+@dataclass
+class _Conversation:
+    """Chat messages being built from Responses input, and for each the Responses field it came from."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    origins: list[str] = field(default_factory=list)
+
+    def add(self, message: dict[str, Any], origin: str) -> None:
+        self.messages.append(message)
+        self.origins.append(origin)
+
+
+# -------------------------------------------------------------- request
+def decode_responses_request(body: Any, settings: GatewaySettings) -> ChatRequest:
+    """The chat request a Responses body means (module docstring); InvalidArgument naming the field."""
+    if not isinstance(body, dict):
+        raise InvalidArgument(f"must be an object, got {_kind(body)}", field="body")
+    for key, reason in _REFUSED.items():
+        if body.get(key) not in (None, False):
+            raise InvalidArgument(reason, field=key)
+    _check_text_format(body.get("text"))
+    conversation = _conversation(body.get("instructions"), body.get("input"), settings.max_messages)
+    chat: dict[str, Any] = {
+        "messages": conversation.messages,
+        **{key: body[key] for key in _SAMPLING_KEYS if key in body},
+    }
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    if body.get("tools") is not None:
+        chat["tools"] = _tools(body["tools"])
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    try:
+        return decode_chat_request(chat, settings)
+    except ServiceError as error:
+        error.field = responses_field(error.field, conversation.origins)
+        raise
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _check_text_format(text: Any) -> None:
+    if text is None:
+        return
+    if not isinstance(text, dict):
+        raise InvalidArgument(f"must be an object, got {_kind(text)}", field="text")
+    form = text.get("format")
+    if form is not None and (not isinstance(form, dict) or form.get("type") != "text"):
+        raise InvalidArgument("only {'type': 'text'} is supported", field="text.format")
+
+
+def _conversation(instructions: Any, items: Any, max_messages: int) -> _Conversation:
+    """The chat messages of ``instructions`` and ``input``, refused as soon as they pass ``max_messages``
+    (before the rest is read), as chat refuses a longer ``messages``."""
+    conversation = _Conversation()
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise InvalidArgument(f"must be a string, got {_kind(instructions)}", field="instructions")
+        conversation.add({"role": "system", "content": instructions}, "instructions")
+    if isinstance(items, str):
+        conversation.add({"role": "user", "content": items}, "input")
+        return conversation
+    if not isinstance(items, list) or not items:
+        raise InvalidArgument("must be a text or a non-empty list of items", field="input")
+    for i, item in enumerate(items):
+        _add_item(conversation, item, f"input[{i}]")
+        if len(conversation.messages) > max_messages:
+            raise ResourceExhausted(
+                f"more than the server's limit gateway.max_messages = {max_messages} messages (item {i})",
+                field="input",
+            )
+    return conversation
+
+
+def _add_item(conversation: _Conversation, item: Any, where: str) -> None:
+    if not isinstance(item, dict):
+        raise InvalidArgument(f"must be an object, got {_kind(item)}", field=where)
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = item.get("role")
+        if role not in _MESSAGE_ROLES:
+            raise InvalidArgument(
+                f"must be one of {sorted(_MESSAGE_ROLES)}, got {role!r:.40}", field=f"{where}.role"
+            )
+        conversation.add({"role": role, "content": _content(item.get("content"), f"{where}.content")}, where)
+    elif kind == "function_call":
+        call = {
+            "id": _text(item, "call_id", where),
+            "type": "function",
+            "function": {"name": _text(item, "name", where), "arguments": _text(item, "arguments", where)},
+        }
+        last = conversation.messages[-1] if conversation.messages else None
+        if last is not None and last["role"] == "assistant":
+            last.setdefault("tool_calls", []).append(call)  # the calls of the reply they follow
+        else:
+            conversation.add({"role": "assistant", "content": "", "tool_calls": [call]}, where)
+    elif kind == "function_call_output":
+        output = _content(item.get("output"), f"{where}.output")
+        conversation.add(
+            {"role": "tool", "tool_call_id": _text(item, "call_id", where), "content": output}, where
+        )
+    else:
+        raise InvalidArgument(
+            f"only message, function_call and function_call_output items are supported, got {kind!r:.40}",
+            field=f"{where}.type",
+        )
+
+
+def _text(item: dict[str, Any], key: str, where: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or (key != "arguments" and not value):
+        raise InvalidArgument(f"must be a non-empty string, got {_kind(value)}", field=f"{where}.{key}")
+    return value
+
+
+def _content(value: Any, where: str) -> str:
+    """A text, or text parts joined; other parts (images, files, audio) are refused."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise InvalidArgument(f"must be a string or a list of parts, got {_kind(value)}", field=where)
+    texts = []
+    for j, part in enumerate(value):
+        if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS:
+            kind = part.get("type") if isinstance(part, dict) else _kind(part)
+            raise InvalidArgument(
+                f"only text parts are supported, got {kind!r:.40}", field=f"{where}[{j}].type"
+            )
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise InvalidArgument(f"must be a string, got {_kind(text)}", field=f"{where}[{j}].text")
+        texts.append(text)
+    return "".join(texts)
+
+
+def _tools(tools: Any) -> Any:
+    """Flat function tools as chat's nested ones; the chat reader checks each (its errors renamed back)."""
+    if not isinstance(tools, list):
+        return tools  # the chat reader names the type
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise InvalidArgument("only 'function' tools are supported", field=f"tools[{i}].type")
+        function = {key: tool[key] for key in ("name", "description", "parameters") if key in tool}
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _tool_choice(choice: Any) -> Any:
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
+# Chat fields as the Responses request names them.
+_RENAMES = (
+    (re.compile(r"^max_(completion_)?tokens$"), "max_output_tokens"),
+    (re.compile(r"^tools\[(\d+)\]\.function\."), r"tools[\1]."),
+    (re.compile(r"^tool_choice\.function\."), "tool_choice."),
+)
+_MESSAGE_FIELD = re.compile(r"^messages\[(\d+)\](.*)$")
+
+
+def responses_field(name: str | None, origins: list[str] | None = None) -> str | None:
+    """A chat field (or a core field the HTTP layer already renamed for chat) as the Responses request's:
+    ``messages[k]...`` → the input item (or ``instructions``) message k came from (``origins``), else
+    ``input``; ``max_tokens`` → ``max_output_tokens``; ``tools[i].function.name`` → ``tools[i].name``."""
+    if not name:
+        return name
+    matched = _MESSAGE_FIELD.match(name)
+    if matched:
+        index, rest = int(matched.group(1)), matched.group(2)
+        if origins is not None and index < len(origins):
+            origin = origins[index]
+            return origin + rest if origin.startswith("input[") else origin
+        return "input"
+    if name == "messages":
+        return "input"
+    for pattern, replacement in _RENAMES:
+        renamed, count = pattern.subn(replacement, name, count=1)
+        if count:
+            return renamed
+    return name
+
+
+# -------------------------------------------------------------- answer
+def _choice_json(choice: str) -> Any:
+    return choice if choice in ("none", "auto", "required") else {"type": "function", "name": choice}
+
+
+def encode_response(answer: Answer, request: ChatRequest) -> dict[str, Any]:
+    """The ``response`` object of a served chat call (one choice)."""
+    [choice] = answer.choices
+    assert choice.message is not None
+    output: list[dict[str, Any]] = []
+    if choice.message.content or not choice.message.tool_calls:
+        part = {"type": "output_text", "text": choice.message.content, "annotations": [], "logprobs": []}
+        output.append(
+            {
+                "type": "message",
+                "id": f"msg_{uuid.uuid4().hex}",
+                "status": "completed",
+                "role": "assistant",
+                "content": [part],
+            }
+        )
+    for call in choice.message.tool_calls:
+        output.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{uuid.uuid4().hex}",
+                "call_id": call.id,
+                "name": call.name,
+                "arguments": call.arguments,
+                "status": "completed",
+            }
+        )
+    cut = choice.finish_reason == FinishReason.LENGTH and not choice.message.tool_calls
+    counts = usage(answer)
+    spec = request.sampling.spec
+    return {
+        "id": f"resp_{answer.id.removeprefix('chatcmpl-')}",
+        "object": "response",
+        "created_at": answer.created,
+        "status": "incomplete" if cut else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "error": None,
+        "model": answer.model,
+        "output": output,
+        "instructions": None,
+        "max_output_tokens": request.sampling.max_tokens,
+        "temperature": spec.temperature,
+        "top_p": spec.top_p,
+        "tools": [{"type": "function", **tool["function"]} for tool in request.tools],
+        "tool_choice": _choice_json(request.tool_choice),
+        "parallel_tool_calls": True,
+        "previous_response_id": None,
+        "reasoning": None,
+        "store": False,
+        "text": {"format": {"type": "text"}},
+        "truncation": "disabled",
+        "metadata": {},
+        "usage": {
+            "input_tokens": counts["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": counts["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": counts["total_tokens"],
+        },
+    }
