@@ -17,6 +17,9 @@ import asyncio
 import json
 import logging
 import math
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -96,6 +99,36 @@ def _completion_object(answer: Answer, call) -> dict:
     return openai_codec.encode_answer(answer, return_token_ids=call.return_token_ids)
 
 
+def _completion_events(answer: Answer, call) -> Iterator[bytes]:
+    """Chat and text completion chunks as server-sent events: ``data: <chunk>``, then ``data: [DONE]``."""
+    chunks = openai_codec.chunks_of(
+        answer, include_usage=call.include_usage, return_token_ids=call.return_token_ids
+    )
+    for chunk in chunks:
+        yield f"data: {json.dumps(chunk)}\n\n".encode()
+    yield b"data: [DONE]\n\n"
+
+
+def _response_events(answer: Answer, call) -> Iterator[bytes]:
+    """Responses API events as server-sent events: ``event: <type>`` and ``data: <event>`` each."""
+    for event in responses_codec.response_events(answer, call):
+        yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+
+
+@dataclass(frozen=True)
+class _Route:
+    """How one endpoint reads its body (``decode``), serves it (``serve``, an :class:`AgentGateway` method)
+    and answers: whole (``encode(answer, call)``) or streamed (``events(answer, call)``: SSE frames).
+    ``prompt_field`` names a prompt's errors; ``rename`` other fields as the endpoint's request does."""
+
+    prompt_field: str
+    decode: Callable[[Any, GatewaySettings], Any]
+    serve: Callable[..., Awaitable[Answer]]
+    encode: Callable[[Answer, Any], dict] = _completion_object
+    events: Callable[[Answer, Any], Iterator[bytes]] = _completion_events
+    rename: Callable[[str | None], str | None] | None = None
+
+
 class GatewayHttpApi:
     def __init__(self, gateway: AgentGateway, settings: GatewaySettings, metrics: HttpMetrics) -> None:
         self._gateway = gateway
@@ -110,22 +143,24 @@ class GatewayHttpApi:
             self.app.router.add_get(f"{prefix}/v1/models", self.models)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, "messages", openai_codec.decode_chat_request, self._gateway.chat)
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(
-            request, "prompt", openai_codec.decode_completion_request, self._gateway.complete
+            request, _Route("messages", openai_codec.decode_chat_request, self._gateway.chat)
         )
 
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        route = _Route("prompt", openai_codec.decode_completion_request, self._gateway.complete)
+        return await self._serve(request, route)
+
     async def responses(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(
-            request,
+        route = _Route(
             "input",
             responses_codec.decode_responses_request,
             self._gateway.chat,
             encode=responses_codec.encode_response,
+            events=_response_events,
             rename=responses_codec.responses_field,
         )
+        return await self._serve(request, route)
 
     async def models(self, request: web.Request) -> web.Response:
         try:
@@ -137,19 +172,16 @@ class GatewayHttpApi:
         )
         return web.json_response(body)
 
-    async def _serve(
-        self, request: web.Request, prompt_field: str, decode, serve, *, encode=None, rename=None
-    ) -> web.StreamResponse:
-        """Session check, body, decode, one gateway call, the answer whole (``encode(answer, call)``; default
-        OpenAI's completion objects) or streamed; a large body's decoding and rendering, and a long answer's
-        encoding, in worker threads. ``rename``: an error's field as the route's request names it."""
+    async def _serve(self, request: web.Request, route: _Route) -> web.StreamResponse:
+        """Session check, body, decode, one gateway call, the answer whole or streamed (:class:`_Route`); a
+        large body's decoding and rendering, and a long answer's encoding, in worker threads."""
         session_id = request.match_info.get("session_id")
         try:
             self._gateway.check_session(session_id)
             raw = await self._body(request)
             small = len(raw) <= INLINE_BODY_BYTES
-            call = await off_loop_unless(small, self._decode, raw, decode)
-            answer = await serve(call, session_id, small=small)
+            call = await off_loop_unless(small, self._decode, raw, route.decode)
+            answer = await route.serve(call, session_id, small=small)
         except web.HTTPRequestEntityTooLarge:
             return error_response(
                 413,
@@ -164,11 +196,11 @@ class GatewayHttpApi:
                 f"{self._settings.body_timeout_s:g} s",
             )
         except ServiceError as exc:
-            return self._error(exc, prompt_field, rename)
+            return self._error(exc, route.prompt_field, route.rename)
         if call.stream:
-            return await self._stream(request, answer, call.include_usage, call.return_token_ids)
+            return await self._stream(request, route.events(answer, call))
         small = sum(len(choice.token_ids) for choice in answer.choices) <= INLINE_ANSWER_TOKENS
-        encoded = await off_loop_unless(small, encode or _completion_object, answer, call)
+        encoded = await off_loop_unless(small, route.encode, answer, call)
         return web.json_response(encoded)
 
     async def _body(self, request: web.Request) -> bytes:
@@ -187,20 +219,14 @@ class GatewayHttpApi:
         return decode(body, self._settings)
 
     @staticmethod
-    async def _stream(
-        request: web.Request, answer: Answer, include_usage: bool, return_token_ids: bool
-    ) -> web.StreamResponse:
-        """Server-sent events: ``data: <chunk>`` per chunk, then ``data: [DONE]``."""
+    async def _stream(request: web.Request, frames: Iterator[bytes]) -> web.StreamResponse:
+        """The server-sent event ``frames`` of an answer."""
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
-        chunks = openai_codec.chunks_of(
-            answer, include_usage=include_usage, return_token_ids=return_token_ids
-        )
-        for chunk in chunks:
-            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        await response.write(b"data: [DONE]\n\n")
+        for frame in frames:
+            await response.write(frame)
         await response.write_eof()
         return response
 

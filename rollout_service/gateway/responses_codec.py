@@ -14,10 +14,11 @@ does: a turn that sends back the previous turn's output items extends the record
 
 The answer is a ``response`` object: the reply's text as a ``message`` item with one ``output_text`` part,
 each tool call a ``function_call`` item (``call_id`` the id chat gives it); ``status`` "incomplete" with
-reason ``max_output_tokens`` when the reply was cut there.
+reason ``max_output_tokens`` when the reply was cut there. With ``stream``, the same as the API's events
+(:func:`response_events`).
 
-Refused by name rather than ignored: ``stream`` (stream with ``/v1/chat/completions``),
-``previous_response_id`` and ``conversation`` (no response is stored: send the whole conversation),
+Refused by name rather than ignored: ``previous_response_id`` and ``conversation`` (no response is stored:
+send the whole conversation),
 ``background``, ``prompt``, a ``text.format`` other than text, ``top_logprobs``, and items, parts and tools
 of other kinds (images, files, reasoning, built-in tools). Errors name the field as the caller wrote it,
 also for what the chat reader checks (``input[2].content``, ``max_output_tokens``).
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,14 +40,13 @@ from rollout_service.types import FinishReason
 
 # Set to anything but null (or false), these ask for what this server does not do.
 _REFUSED = {
-    "stream": "not supported on /v1/responses; stream with /v1/chat/completions",
     "previous_response_id": "this server stores no responses; send the whole conversation as input",
     "conversation": "this server stores no conversations; send the whole conversation as input",
     "background": "not supported by this server; leave it unset",
     "prompt": "stored prompts are not supported by this server; send instructions and input",
     "top_logprobs": "not supported on /v1/responses; leave it unset",
 }
-_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop")
+_CHAT_KEYS = ("stream", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop")
 _MESSAGE_ROLES = frozenset({"user", "system", "developer", "assistant"})
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 
@@ -74,7 +75,7 @@ def decode_responses_request(body: Any, settings: GatewaySettings) -> ChatReques
     conversation = _conversation(body.get("instructions"), body.get("input"), settings.max_messages)
     chat: dict[str, Any] = {
         "messages": conversation.messages,
-        **{key: body[key] for key in _SAMPLING_KEYS if key in body},
+        **{key: body[key] for key in _CHAT_KEYS if key in body},
     }
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
@@ -302,3 +303,57 @@ def encode_response(answer: Answer, request: ChatRequest) -> dict[str, Any]:
             "total_tokens": counts["total_tokens"],
         },
     }
+
+
+def response_events(answer: Answer, request: ChatRequest) -> Iterator[dict[str, Any]]:
+    """The answer as the Responses API's stream events, numbered by ``sequence_number``:
+    ``response.created`` and ``response.in_progress`` (no output yet); per output item its ``added``, its
+    text or arguments as one delta and ``done`` events, then ``output_item.done``; last
+    ``response.completed`` (or ``response.incomplete``) with the whole response. Generation is finished when
+    streaming starts (the engines return a batch's completions whole), so each delta is the whole text."""
+    final = encode_response(answer, request)
+    started = {**final, "status": "in_progress", "output": [], "incomplete_details": None, "usage": None}
+    events = [
+        {"type": "response.created", "response": started},
+        {"type": "response.in_progress", "response": started},
+    ]
+    for index, item in enumerate(final["output"]):
+        events += _item_events(index, item)
+    ended = "response.completed" if final["status"] == "completed" else "response.incomplete"
+    events.append({"type": ended, "response": final})
+    for number, event in enumerate(events):
+        yield {**event, "sequence_number": number}
+
+
+def _item_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
+    at = {"output_index": index, "item_id": item["id"]}
+    if item["type"] == "function_call":
+        return [
+            {
+                "type": "response.output_item.added",
+                "output_index": index,
+                "item": {**item, "arguments": "", "status": "in_progress"},
+            },
+            {"type": "response.function_call_arguments.delta", **at, "delta": item["arguments"]},
+            {
+                "type": "response.function_call_arguments.done",
+                **at,
+                "name": item["name"],
+                "arguments": item["arguments"],
+            },
+            {"type": "response.output_item.done", "output_index": index, "item": item},
+        ]
+    [part] = item["content"]
+    at["content_index"] = 0
+    return [
+        {
+            "type": "response.output_item.added",
+            "output_index": index,
+            "item": {**item, "content": [], "status": "in_progress"},
+        },
+        {"type": "response.content_part.added", **at, "part": {**part, "text": ""}},
+        {"type": "response.output_text.delta", **at, "delta": part["text"], "logprobs": []},
+        {"type": "response.output_text.done", **at, "text": part["text"], "logprobs": []},
+        {"type": "response.content_part.done", **at, "part": part},
+        {"type": "response.output_item.done", "output_index": index, "item": item},
+    ]

@@ -209,10 +209,30 @@ def test_a_tool_loop_over_the_responses_api_is_one_exact_sequence_as_chat_would_
     assert chat_sequence.token_ids == sequence.token_ids and chat_sequence.loss_mask == sequence.loss_mask
 
 
+def test_a_streamed_response_is_the_apis_events_ending_in_the_whole_response(running, rollout):
+    ticket = rollout.open_agent_session()
+    sdk = running.sdk(ticket.session_id)
+    fields = {"model": "tools", "input": [QUESTION], "tools": [RESPONSES_CALCULATOR], "max_output_tokens": 30}
+    whole = sdk.responses.create(**fields, extra_body={"seed": 3})
+    events = list(sdk.responses.create(**fields, stream=True, extra_body={"seed": 3}))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    final = events[-1].response
+    assert [item.type for item in final.output] == [item.type for item in whole.output]
+    assert final.output_text == whole.output_text and final.usage.output_tokens == whole.usage.output_tokens
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    arguments = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
+    assert text == whole.output_text
+    assert arguments == [item.arguments for item in whole.output if item.type == "function_call"]
+    done = [e.item.id for e in events if e.type == "response.output_item.done"]
+    assert done == [item.id for item in final.output]
+    assert rollout.agent_trajectory(ticket.session_id, close=True).calls == 2
+
+
 @pytest.mark.parametrize(
     ("fields", "status", "param", "needle"),
     [
-        ({"stream": True}, 400, "stream", "/v1/chat/completions"),
+        ({"stream": "yes"}, 400, "stream", "boolean"),
         ({"previous_response_id": "resp_1"}, 400, "previous_response_id", "whole conversation"),
         ({"input": [QUESTION] * 9}, 413, "input", "gateway.max_messages"),
         ({"input": []}, 400, "input", "non-empty"),
