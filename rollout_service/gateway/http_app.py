@@ -136,6 +136,16 @@ class GatewayHttpApi:
         self.app = web.Application(
             client_max_size=settings.max_body_bytes, middlewares=[metrics.middleware, openai_errors]
         )
+        self._chat = _Route("messages", openai_codec.decode_chat_request, gateway.chat)
+        self._completion = _Route("prompt", openai_codec.decode_completion_request, gateway.complete)
+        self._response = _Route(
+            "input",
+            responses_codec.decode_responses_request,
+            gateway.chat,
+            encode=responses_codec.encode_response,
+            events=_response_events,
+            rename=responses_codec.responses_field,
+        )
         for prefix in ("", SESSION_PREFIX):
             self.app.router.add_post(f"{prefix}/v1/chat/completions", self.chat_completions)
             self.app.router.add_post(f"{prefix}/v1/completions", self.completions)
@@ -143,24 +153,13 @@ class GatewayHttpApi:
             self.app.router.add_get(f"{prefix}/v1/models", self.models)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(
-            request, _Route("messages", openai_codec.decode_chat_request, self._gateway.chat)
-        )
+        return await self._serve(request, self._chat)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        route = _Route("prompt", openai_codec.decode_completion_request, self._gateway.complete)
-        return await self._serve(request, route)
+        return await self._serve(request, self._completion)
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
-        route = _Route(
-            "input",
-            responses_codec.decode_responses_request,
-            self._gateway.chat,
-            encode=responses_codec.encode_response,
-            events=_response_events,
-            rename=responses_codec.responses_field,
-        )
-        return await self._serve(request, route)
+        return await self._serve(request, self._response)
 
     async def models(self, request: web.Request) -> web.Response:
         try:

@@ -58,13 +58,14 @@ _UNSUPPORTED_IF_SET = {
 
 
 # ------------------------------------------------------------------ readers
-def _object(value: Any, field: str) -> dict[str, Any]:
+# as_object, kind_of, as_string and as_text are the readers the Responses API's codec shares.
+def as_object(value: Any, field: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise InvalidArgument(f"must be an object, got {_kind(value)}", field=field)
+        raise InvalidArgument(f"must be an object, got {kind_of(value)}", field=field)
     return value
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
@@ -73,7 +74,7 @@ def _int(body: dict[str, Any], key: str, low: int, high: int | None = None, *, l
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(f"must be an integer, got {_kind(value)}", field=key)
+        raise InvalidArgument(f"must be an integer, got {kind_of(value)}", field=key)
     if value < low:
         raise InvalidArgument(f"must be >= {low}, got {value}", field=key)
     if high is not None and value > high:
@@ -96,14 +97,14 @@ def _bool(body: dict[str, Any], key: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise InvalidArgument(f"must be a boolean, got {_kind(value)}", field=key)
+        raise InvalidArgument(f"must be a boolean, got {kind_of(value)}", field=key)
     return value
 
 
-def _string(value: Any, field: str, *, empty: bool = True) -> str:
+def as_string(value: Any, field: str, *, empty: bool = True) -> str:
     if not isinstance(value, str) or (not empty and not value):
         raise InvalidArgument(
-            f"must be a {'' if empty else 'non-empty '}string, got {_kind(value)}", field=field
+            f"must be a {'' if empty else 'non-empty '}string, got {kind_of(value)}", field=field
         )
     return value
 
@@ -114,7 +115,7 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         if value is not None and value != neutral and value != {}:
             raise InvalidArgument("not supported by this server; leave it unset", field=key)
     response_format = body.get("response_format")
-    if response_format is not None and _object(response_format, "response_format").get("type") != "text":
+    if response_format is not None and as_object(response_format, "response_format").get("type") != "text":
         raise InvalidArgument("only {'type': 'text'} is supported", field="response_format.type")
 
 
@@ -125,8 +126,8 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
     if isinstance(stop, str):
         return (stop,)
     if not isinstance(stop, list):
-        raise InvalidArgument(f"must be a string or a list of strings, got {_kind(stop)}", field="stop")
-    return tuple(_string(s, f"stop[{i}]") for i, s in enumerate(stop))
+        raise InvalidArgument(f"must be a string or a list of strings, got {kind_of(stop)}", field="stop")
+    return tuple(as_string(s, f"stop[{i}]") for i, s in enumerate(stop))
 
 
 def _sampling(body: dict[str, Any], settings: GatewaySettings, default_max_tokens: int | None) -> Sampling:
@@ -160,7 +161,7 @@ def _default(value: Any, default: Any) -> Any:
 
 # -------------------------------------------------------------- chat request
 def decode_chat_request(body: Any, settings: GatewaySettings) -> ChatRequest:
-    body = _object(body, "body")
+    body = as_object(body, "body")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidArgument("must be a non-empty list of messages", field="messages")
@@ -173,7 +174,9 @@ def decode_chat_request(body: Any, settings: GatewaySettings) -> ChatRequest:
     tools = _tools(body.get("tools"), settings)
     top_logprobs = _top_logprobs(body)
     stream_options = body.get("stream_options")
-    include_usage = bool(stream_options) and _bool(_object(stream_options, "stream_options"), "include_usage")
+    include_usage = bool(stream_options) and _bool(
+        as_object(stream_options, "stream_options"), "include_usage"
+    )
     return ChatRequest(
         messages=tuple(_message(m, f"messages[{i}]") for i, m in enumerate(messages)),
         sampling=_sampling(body, settings, None),
@@ -204,7 +207,7 @@ def _top_logprobs(body: dict[str, Any]) -> int | None:
 
 
 def _message(value: Any, field: str) -> Message:
-    message = _object(value, field)
+    message = as_object(value, field)
     role = message.get("role")
     if role not in ROLES:
         raise InvalidArgument(f"must be one of {sorted(ROLES)}, got {role!r:.40}", field=f"{field}.role")
@@ -212,46 +215,47 @@ def _message(value: Any, field: str) -> Message:
     if calls and role != "assistant":
         raise InvalidArgument("only assistant messages carry tool calls", field=f"{field}.tool_calls")
     if not isinstance(calls, list):
-        raise InvalidArgument(f"must be a list, got {_kind(calls)}", field=f"{field}.tool_calls")
+        raise InvalidArgument(f"must be a list, got {kind_of(calls)}", field=f"{field}.tool_calls")
     tool_call_id = message.get("tool_call_id") or ""
     name = message.get("name") or ""
     return Message(
         role="system" if role == "developer" else role,
-        content=_content(message.get("content"), f"{field}.content"),
+        content=as_text(message.get("content"), f"{field}.content"),
         tool_calls=tuple(_call(c, f"{field}.tool_calls[{j}]") for j, c in enumerate(calls)),
-        tool_call_id=_string(tool_call_id, f"{field}.tool_call_id"),
-        name=_string(name, f"{field}.name"),
+        tool_call_id=as_string(tool_call_id, f"{field}.tool_call_id"),
+        name=as_string(name, f"{field}.name"),
     )
 
 
-def _content(value: Any, field: str) -> str:
-    """Text, null, or a list of text parts (joined); other parts (images, audio) are refused."""
+def as_text(value: Any, field: str, part_types: frozenset[str] = frozenset({"text"})) -> str:
+    """Text, null, or a list of text parts (``type`` one of ``part_types``; joined); other parts (images,
+    audio) are refused."""
     if value is None:
         return ""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
-        raise InvalidArgument(f"must be a string or a list of parts, got {_kind(value)}", field=field)
+        raise InvalidArgument(f"must be a string or a list of parts, got {kind_of(value)}", field=field)
     texts = []
     for j, part in enumerate(value):
-        part = _object(part, f"{field}[{j}]")
-        if part.get("type") != "text":
+        part = as_object(part, f"{field}[{j}]")
+        if part.get("type") not in part_types:
             raise InvalidArgument(
                 f"only text parts are supported, got {part.get('type')!r:.40}", field=f"{field}[{j}].type"
             )
-        texts.append(_string(part.get("text"), f"{field}[{j}].text"))
+        texts.append(as_string(part.get("text"), f"{field}[{j}].text"))
     return "".join(texts)
 
 
 def _call(value: Any, field: str) -> FunctionCall:
-    call = _object(value, field)
+    call = as_object(value, field)
     if call.get("type", "function") != "function":
         raise InvalidArgument("must be 'function'", field=f"{field}.type")
-    function = _object(call.get("function"), f"{field}.function")
+    function = as_object(call.get("function"), f"{field}.function")
     return FunctionCall(
-        id=_string(call.get("id", ""), f"{field}.id"),
-        name=_string(function.get("name"), f"{field}.function.name", empty=False),
-        arguments=_string(function.get("arguments", "{}"), f"{field}.function.arguments"),
+        id=as_string(call.get("id", ""), f"{field}.id"),
+        name=as_string(function.get("name"), f"{field}.function.name", empty=False),
+        arguments=as_string(function.get("arguments", "{}"), f"{field}.function.arguments"),
     )
 
 
@@ -259,7 +263,7 @@ def _tools(value: Any, settings: GatewaySettings) -> tuple[dict[str, Any], ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise InvalidArgument(f"must be a list of tools, got {_kind(value)}", field="tools")
+        raise InvalidArgument(f"must be a list of tools, got {kind_of(value)}", field="tools")
     if len(value) > settings.max_tools:
         raise ResourceExhausted(
             f"{len(value)} tools, more than the server's limit gateway.max_tools = {settings.max_tools}",
@@ -270,20 +274,20 @@ def _tools(value: Any, settings: GatewaySettings) -> tuple[dict[str, Any], ...]:
 
 def _tool(value: Any, field: str) -> dict[str, Any]:
     """A function tool, its parameters a valid JSON Schema (object) — what the chat template renders."""
-    tool = _object(value, field)
+    tool = as_object(value, field)
     if tool.get("type") != "function":
         raise InvalidArgument("only 'function' tools are supported", field=f"{field}.type")
-    function = _object(tool.get("function"), f"{field}.function")
+    function = as_object(tool.get("function"), f"{field}.function")
     name = function.get("name")
     if not isinstance(name, str) or not FUNCTION_NAME.match(name):
         raise InvalidArgument(
             "must be 1 to 64 letters, digits, underscores or dashes", field=f"{field}.function.name"
         )
-    description = _string(function.get("description", ""), f"{field}.function.description")
+    description = as_string(function.get("description", ""), f"{field}.function.description")
     parameters = function.get("parameters", {"type": "object", "properties": {}})
     where = f"{field}.function.parameters"
     # The schema check, the canonical text and the chat template each recurse once per level.
-    if _deeper_than(_object(parameters, where), MAX_STRUCT_DEPTH):
+    if _deeper_than(as_object(parameters, where), MAX_STRUCT_DEPTH):
         raise InvalidArgument(
             f"nested deeper than {MAX_STRUCT_DEPTH} levels of objects and lists", field=where
         )
@@ -311,7 +315,7 @@ def _memo_schema_error(text: str) -> str | None:
 
 def _check_schema(schema: dict[str, Any]) -> str | None:
     if not isinstance(schema.get("$schema", ""), str):  # jsonschema looks it up as a URI
-        return f"$schema must be a string, got {_kind(schema['$schema'])}"
+        return f"$schema must be a string, got {kind_of(schema['$schema'])}"
     try:
         validator_for(schema).check_schema(schema)
     except SchemaError as exc:
@@ -341,7 +345,7 @@ def _tool_choice(value: Any, tools: tuple[dict[str, Any], ...]) -> str:
     if value in ("none", "auto", "required"):
         return value
     if isinstance(value, dict) and value.get("type") == "function":
-        name = _object(value.get("function"), "tool_choice.function").get("name")
+        name = as_object(value.get("function"), "tool_choice.function").get("name")
         if not isinstance(name, str) or name not in {t["function"]["name"] for t in tools}:
             raise InvalidArgument(
                 f"names no tool of the request: {name!r:.40}", field="tool_choice.function.name"
@@ -352,7 +356,7 @@ def _tool_choice(value: Any, tools: tuple[dict[str, Any], ...]) -> str:
 
 # -------------------------------------------------------- completion request
 def decode_completion_request(body: Any, settings: GatewaySettings) -> CompletionRequest:
-    body = _object(body, "body")
+    body = as_object(body, "body")
     for key in ("echo", "suffix"):
         if body.get(key):
             raise InvalidArgument("not supported by this server; leave it unset", field=key)
@@ -366,7 +370,9 @@ def decode_completion_request(body: Any, settings: GatewaySettings) -> Completio
             "this server's engines report the sampled token's logprob only; set 0", field="logprobs"
         )
     stream_options = body.get("stream_options")
-    include_usage = bool(stream_options) and _bool(_object(stream_options, "stream_options"), "include_usage")
+    include_usage = bool(stream_options) and _bool(
+        as_object(stream_options, "stream_options"), "include_usage"
+    )
     return CompletionRequest(
         prompt=_prompt(body.get("prompt")),
         sampling=_sampling(body, settings, COMPLETIONS_DEFAULT_MAX_TOKENS),

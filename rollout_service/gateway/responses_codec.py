@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_runtime.errors import InvalidArgument, ResourceExhausted, ServiceError
-from rollout_service.gateway.openai_codec import decode_chat_request, usage
+from rollout_service.gateway.openai_codec import as_object, as_string, as_text, decode_chat_request, usage
 from rollout_service.gateway.types import Answer, ChatRequest
 from rollout_service.settings import GatewaySettings
 from rollout_service.types import FinishReason
@@ -66,8 +66,7 @@ class _Conversation:
 # -------------------------------------------------------------- request
 def decode_responses_request(body: Any, settings: GatewaySettings) -> ChatRequest:
     """The chat request a Responses body means (module docstring); InvalidArgument naming the field."""
-    if not isinstance(body, dict):
-        raise InvalidArgument(f"must be an object, got {_kind(body)}", field="body")
+    body = as_object(body, "body")
     for key, reason in _REFUSED.items():
         if body.get(key) not in (None, False):
             raise InvalidArgument(reason, field=key)
@@ -90,16 +89,10 @@ def decode_responses_request(body: Any, settings: GatewaySettings) -> ChatReques
         raise
 
 
-def _kind(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
 def _check_text_format(text: Any) -> None:
     if text is None:
         return
-    if not isinstance(text, dict):
-        raise InvalidArgument(f"must be an object, got {_kind(text)}", field="text")
-    form = text.get("format")
+    form = as_object(text, "text").get("format")
     if form is not None and (not isinstance(form, dict) or form.get("type") != "text"):
         raise InvalidArgument("only {'type': 'text'} is supported", field="text.format")
 
@@ -109,9 +102,9 @@ def _conversation(instructions: Any, items: Any, max_messages: int) -> _Conversa
     (before the rest is read), as chat refuses a longer ``messages``."""
     conversation = _Conversation()
     if instructions is not None:
-        if not isinstance(instructions, str):
-            raise InvalidArgument(f"must be a string, got {_kind(instructions)}", field="instructions")
-        conversation.add({"role": "system", "content": instructions}, "instructions")
+        conversation.add(
+            {"role": "system", "content": as_string(instructions, "instructions")}, "instructions"
+        )
     if isinstance(items, str):
         conversation.add({"role": "user", "content": items}, "input")
         return conversation
@@ -128,9 +121,7 @@ def _conversation(instructions: Any, items: Any, max_messages: int) -> _Conversa
 
 
 def _add_item(conversation: _Conversation, item: Any, where: str) -> None:
-    if not isinstance(item, dict):
-        raise InvalidArgument(f"must be an object, got {_kind(item)}", field=where)
-    kind = item.get("type", "message")
+    kind = as_object(item, where).get("type", "message")
     if kind == "message":
         role = item.get("role")
         if role not in _MESSAGE_ROLES:
@@ -140,9 +131,12 @@ def _add_item(conversation: _Conversation, item: Any, where: str) -> None:
         conversation.add({"role": role, "content": _content(item.get("content"), f"{where}.content")}, where)
     elif kind == "function_call":
         call = {
-            "id": _text(item, "call_id", where),
+            "id": as_string(item.get("call_id"), f"{where}.call_id", empty=False),
             "type": "function",
-            "function": {"name": _text(item, "name", where), "arguments": _text(item, "arguments", where)},
+            "function": {
+                "name": as_string(item.get("name"), f"{where}.name", empty=False),
+                "arguments": as_string(item.get("arguments"), f"{where}.arguments"),
+            },
         }
         last = conversation.messages[-1] if conversation.messages else None
         if last is not None and last["role"] == "assistant":
@@ -152,7 +146,12 @@ def _add_item(conversation: _Conversation, item: Any, where: str) -> None:
     elif kind == "function_call_output":
         output = _content(item.get("output"), f"{where}.output")
         conversation.add(
-            {"role": "tool", "tool_call_id": _text(item, "call_id", where), "content": output}, where
+            {
+                "role": "tool",
+                "tool_call_id": as_string(item.get("call_id"), f"{where}.call_id", empty=False),
+                "content": output,
+            },
+            where,
         )
     else:
         raise InvalidArgument(
@@ -161,31 +160,11 @@ def _add_item(conversation: _Conversation, item: Any, where: str) -> None:
         )
 
 
-def _text(item: dict[str, Any], key: str, where: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str) or (key != "arguments" and not value):
-        raise InvalidArgument(f"must be a non-empty string, got {_kind(value)}", field=f"{where}.{key}")
-    return value
-
-
 def _content(value: Any, where: str) -> str:
-    """A text, or text parts joined; other parts (images, files, audio) are refused."""
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise InvalidArgument(f"must be a string or a list of parts, got {_kind(value)}", field=where)
-    texts = []
-    for j, part in enumerate(value):
-        if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS:
-            kind = part.get("type") if isinstance(part, dict) else _kind(part)
-            raise InvalidArgument(
-                f"only text parts are supported, got {kind!r:.40}", field=f"{where}[{j}].type"
-            )
-        text = part.get("text")
-        if not isinstance(text, str):
-            raise InvalidArgument(f"must be a string, got {_kind(text)}", field=f"{where}[{j}].text")
-        texts.append(text)
-    return "".join(texts)
+    """A text, or text parts joined (chat's reader with the Responses part types; unlike chat, never null)."""
+    if value is None:
+        raise InvalidArgument("must be a string or a list of parts, got null", field=where)
+    return as_text(value, where, _TEXT_PARTS)
 
 
 def _tools(tools: Any) -> Any:
