@@ -53,11 +53,15 @@ def calculator_tool(expression: str) -> str:
 
 
 def episode_player(
-    sampling: Sampling, api: Literal["responses", "chat_completions"] = "responses"
+    sampling: Sampling,
+    api: Literal["responses", "chat_completions"] = "responses",
+    chain_responses: bool = False,
 ) -> RunEpisode:
     """``run_episode(task, base_url, deadline)``: the agent answers the row's question within
     ``sampling.max_turns`` model calls, over ``api`` (the names of the SDK's ``set_default_openai_api``). A
-    model that calls no known tool or never stops scores 0."""
+    model that calls no known tool or never stops scores 0. ``chain_responses``: each call after the first
+    sends only its new items and the previous response's id (the SDK's ``auto_previous_response_id``,
+    Responses API only)."""
 
     shared = shared_client()
     model_class = OpenAIResponsesModel if api == "responses" else OpenAIChatCompletionsModel
@@ -66,13 +70,20 @@ def episode_player(
         client = shared.with_options(base_url=base_url)
         agent = Agent(
             name="calculator agent",
-            instructions="Answer the arithmetic question. Use the calculator tool.",
+            # None: the shipped tools policy learned the task without a system message; with one it does
+            # not call the calculator, so an agent of its own instructions would need training from there.
+            instructions=None,
             tools=[calculator_tool],
             model=model_class(model=sampling.model, openai_client=client),
             model_settings=ModelSettings(temperature=sampling.temperature, max_tokens=sampling.max_tokens),
         )
         try:
-            result = await Runner.run(agent, question_messages(task), max_turns=sampling.max_turns)
+            result = await Runner.run(
+                agent,
+                question_messages(task),
+                max_turns=sampling.max_turns,
+                auto_previous_response_id=chain_responses,
+            )
         except (MaxTurnsExceeded, ModelBehaviorError) as error:  # the policy's doing: a bad episode
             return (0.0 if task.get("answer") else None), {"error": f"{type(error).__name__}: {error}"}
         answer = str(result.final_output or "")

@@ -141,7 +141,7 @@ class GatewayHttpApi:
         self._response = _Route(
             "input",
             responses_codec.decode_responses_request,
-            gateway.chat,
+            gateway.respond,
             encode=responses_codec.encode_response,
             events=_response_events,
             rename=responses_codec.responses_field,

@@ -58,7 +58,7 @@ _UNSUPPORTED_IF_SET = {
 
 
 # ------------------------------------------------------------------ readers
-# as_object, kind_of, as_string and as_text are the readers the Responses API's codec shares.
+# as_object, kind_of, read_bool, as_string and as_text are the readers the Responses API's codec shares.
 def as_object(value: Any, field: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidArgument(f"must be an object, got {kind_of(value)}", field=field)
@@ -92,7 +92,7 @@ def _number(body: dict[str, Any], key: str) -> float | None:
     return float(value)
 
 
-def _bool(body: dict[str, Any], key: str) -> bool:
+def read_bool(body: dict[str, Any], key: str) -> bool:
     value = body.get(key, False)
     if value is None:
         return False
@@ -174,7 +174,7 @@ def decode_chat_request(body: Any, settings: GatewaySettings) -> ChatRequest:
     tools = _tools(body.get("tools"), settings)
     top_logprobs = _top_logprobs(body)
     stream_options = body.get("stream_options")
-    include_usage = bool(stream_options) and _bool(
+    include_usage = bool(stream_options) and read_bool(
         as_object(stream_options, "stream_options"), "include_usage"
     )
     return ChatRequest(
@@ -184,16 +184,16 @@ def decode_chat_request(body: Any, settings: GatewaySettings) -> ChatRequest:
         tools=tools,
         tool_choice=_tool_choice(body.get("tool_choice"), tools),
         top_logprobs=top_logprobs,
-        stream=_bool(body, "stream"),
+        stream=read_bool(body, "stream"),
         include_usage=include_usage,
-        return_token_ids=_bool(body, "return_token_ids"),
+        return_token_ids=read_bool(body, "return_token_ids"),
     )
 
 
 def _top_logprobs(body: dict[str, Any]) -> int | None:
     """None without logprobs; else 0 (the only count the engines can give)."""
     top = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
-    if not _bool(body, "logprobs"):
+    if not read_bool(body, "logprobs"):
         if top:
             raise InvalidArgument("needs logprobs: true", field="top_logprobs")
         return None
@@ -370,7 +370,7 @@ def decode_completion_request(body: Any, settings: GatewaySettings) -> Completio
             "this server's engines report the sampled token's logprob only; set 0", field="logprobs"
         )
     stream_options = body.get("stream_options")
-    include_usage = bool(stream_options) and _bool(
+    include_usage = bool(stream_options) and read_bool(
         as_object(stream_options, "stream_options"), "include_usage"
     )
     return CompletionRequest(
@@ -378,9 +378,9 @@ def decode_completion_request(body: Any, settings: GatewaySettings) -> Completio
         sampling=_sampling(body, settings, COMPLETIONS_DEFAULT_MAX_TOKENS),
         n=n,
         logprobs=logprobs,
-        stream=_bool(body, "stream"),
+        stream=read_bool(body, "stream"),
         include_usage=include_usage,
-        return_token_ids=_bool(body, "return_token_ids"),
+        return_token_ids=read_bool(body, "return_token_ids"),
     )
 
 

@@ -17,11 +17,14 @@ each tool call a ``function_call`` item (``call_id`` the id chat gives it); ``st
 reason ``max_output_tokens`` when the reply was cut there. With ``stream``, the same as the API's events
 (:func:`response_events`).
 
-Refused by name rather than ignored: ``previous_response_id`` and ``conversation`` (no response is stored:
-send the whole conversation),
-``background``, ``prompt``, a ``text.format`` other than text, ``top_logprobs``, and items, parts and tools
-of other kinds (images, files, reasoning, built-in tools). Errors name the field as the caller wrote it,
-also for what the chat reader checks (``input[2].content``, ``max_output_tokens``).
+- ``previous_response_id``: the input continues that response's conversation (:class:`ResponsesRequest`;
+  the gateway keeps a session's responses unless ``store`` is false, and serves ``previous_response_id``
+  only within the session that made it).
+
+Refused by name rather than ignored: ``conversation`` (no conversation objects), ``background``,
+``prompt``, a ``text.format`` other than text, ``top_logprobs``, and items, parts and tools of other kinds
+(images, files, reasoning, built-in tools). Errors name the field as the caller wrote it, also for what the
+chat reader checks (``input[2].content``, ``max_output_tokens``).
 """
 
 from __future__ import annotations
@@ -33,15 +36,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_runtime.errors import InvalidArgument, ResourceExhausted, ServiceError
-from rollout_service.gateway.openai_codec import as_object, as_string, as_text, decode_chat_request, usage
-from rollout_service.gateway.types import Answer, ChatRequest
+from rollout_service.gateway.openai_codec import (
+    as_object,
+    as_string,
+    as_text,
+    decode_chat_request,
+    read_bool,
+    usage,
+)
+from rollout_service.gateway.types import Answer, ResponsesRequest
 from rollout_service.settings import GatewaySettings
 from rollout_service.types import FinishReason
 
 # Set to anything but null (or false), these ask for what this server does not do.
 _REFUSED = {
-    "previous_response_id": "this server stores no responses; send the whole conversation as input",
-    "conversation": "this server stores no conversations; send the whole conversation as input",
+    "conversation": "this server keeps no conversation objects; send previous_response_id or the whole "
+    "conversation as input",
     "background": "not supported by this server; leave it unset",
     "prompt": "stored prompts are not supported by this server; send instructions and input",
     "top_logprobs": "not supported on /v1/responses; leave it unset",
@@ -64,14 +74,19 @@ class _Conversation:
 
 
 # -------------------------------------------------------------- request
-def decode_responses_request(body: Any, settings: GatewaySettings) -> ChatRequest:
+def decode_responses_request(body: Any, settings: GatewaySettings) -> ResponsesRequest:
     """The chat request a Responses body means (module docstring); InvalidArgument naming the field."""
     body = as_object(body, "body")
     for key, reason in _REFUSED.items():
         if body.get(key) not in (None, False):
             raise InvalidArgument(reason, field=key)
     _check_text_format(body.get("text"))
-    conversation = _conversation(body.get("instructions"), body.get("input"), settings.max_messages)
+    previous = body.get("previous_response_id")
+    if previous is not None:
+        as_string(previous, "previous_response_id", empty=False)
+    store = body.get("store") is None or read_bool(body, "store")
+    instructions = body.get("instructions")
+    conversation = _conversation(instructions, body.get("input"), settings.max_messages)
     chat: dict[str, Any] = {
         "messages": conversation.messages,
         **{key: body[key] for key in _CHAT_KEYS if key in body},
@@ -83,10 +98,11 @@ def decode_responses_request(body: Any, settings: GatewaySettings) -> ChatReques
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
     try:
-        return decode_chat_request(chat, settings)
+        request = decode_chat_request(chat, settings)
     except ServiceError as error:
         error.field = responses_field(error.field, conversation.origins)
         raise
+    return ResponsesRequest(request, instructions, previous, store)
 
 
 def _check_text_format(text: Any) -> None:
@@ -222,8 +238,8 @@ def _choice_json(choice: str) -> Any:
     return choice if choice in ("none", "auto", "required") else {"type": "function", "name": choice}
 
 
-def encode_response(answer: Answer, request: ChatRequest) -> dict[str, Any]:
-    """The ``response`` object of a served chat call (one choice)."""
+def encode_response(answer: Answer, request: ResponsesRequest) -> dict[str, Any]:
+    """The ``response`` object of a served call (one choice; ``answer.id`` the response's id)."""
     [choice] = answer.choices
     assert choice.message is not None
     output: list[dict[str, Any]] = []
@@ -251,9 +267,9 @@ def encode_response(answer: Answer, request: ChatRequest) -> dict[str, Any]:
         )
     cut = choice.finish_reason == FinishReason.LENGTH and not choice.message.tool_calls
     counts = usage(answer)
-    spec = request.sampling.spec
+    chat = request.chat
     return {
-        "id": f"resp_{answer.id.removeprefix('chatcmpl-')}",
+        "id": answer.id,
         "object": "response",
         "created_at": answer.created,
         "status": "incomplete" if cut else "completed",
@@ -261,16 +277,16 @@ def encode_response(answer: Answer, request: ChatRequest) -> dict[str, Any]:
         "error": None,
         "model": answer.model,
         "output": output,
-        "instructions": None,
-        "max_output_tokens": request.sampling.max_tokens,
-        "temperature": spec.temperature,
-        "top_p": spec.top_p,
-        "tools": [{"type": "function", **tool["function"]} for tool in request.tools],
-        "tool_choice": _choice_json(request.tool_choice),
+        "instructions": request.instructions,
+        "max_output_tokens": chat.sampling.max_tokens,
+        "temperature": chat.sampling.spec.temperature,
+        "top_p": chat.sampling.spec.top_p,
+        "tools": [{"type": "function", **tool["function"]} for tool in chat.tools],
+        "tool_choice": _choice_json(chat.tool_choice),
         "parallel_tool_calls": True,
-        "previous_response_id": None,
+        "previous_response_id": request.previous_response_id,
         "reasoning": None,
-        "store": False,
+        "store": request.store,
         "text": {"format": {"type": "text"}},
         "truncation": "disabled",
         "metadata": {},
@@ -284,7 +300,7 @@ def encode_response(answer: Answer, request: ChatRequest) -> dict[str, Any]:
     }
 
 
-def response_events(answer: Answer, request: ChatRequest) -> Iterator[dict[str, Any]]:
+def response_events(answer: Answer, request: ResponsesRequest) -> Iterator[dict[str, Any]]:
     """The answer as the Responses API's stream events, numbered by ``sequence_number``:
     ``response.created`` and ``response.in_progress`` (no output yet); per output item its ``added``, its
     text or arguments as one delta and ``done`` events, then ``output_item.done``; last

@@ -23,7 +23,7 @@ import uuid
 from array import array
 from typing import Literal
 
-from grpo_runtime.errors import InvalidArgument, NotFound
+from grpo_runtime.errors import InvalidArgument, NotFound, ResourceExhausted
 from grpo_runtime.off_loop import off_loop_unless
 from grpo_runtime.tokenizing import decode_text
 from rollout_service.core.rollout import INLINE_TOKENS, RolloutCore
@@ -42,6 +42,7 @@ from rollout_service.gateway.types import (
     FunctionCall,
     Message,
     PinnedSampling,
+    ResponsesRequest,
     Sampling,
     SessionTicket,
 )
@@ -154,6 +155,41 @@ class AgentGateway:
         if session is not None:
             self._record(session, "chat", plan, results, choices, request.messages, tools_key(request.tools))
         return self._answer("chat", plan.prompt_ids, choices)
+
+    async def respond(
+        self, request: ResponsesRequest, session_id: str | None, *, small: bool = False
+    ) -> Answer:
+        """A Responses API call served as the chat call it means: after ``previous_response_id``'s stored
+        conversation when given (its instructions not carried over, as OpenAI's API does: the request's
+        own come first), and stored under the answer's ``resp_`` id unless ``store`` is false. Responses
+        are stored in the session that made them, and only there."""
+        session = self._admit(session_id, count=False)
+        chat = request.chat
+        if request.previous_response_id is not None:
+            if session is None:
+                raise InvalidArgument(
+                    "responses are stored only within a session (/sessions/<id>/v1); send the whole "
+                    "conversation as input",
+                    field="previous_response_id",
+                )
+            earlier = session.stored_conversation(request.previous_response_id)
+            head = chat.messages[:1] if request.instructions is not None else ()
+            messages = head + earlier + request.input_messages
+            if len(messages) > self.settings.max_messages:
+                raise ResourceExhausted(
+                    f"{len(messages)} messages with those of previous_response_id, more than the "
+                    f"server's limit gateway.max_messages = {self.settings.max_messages}",
+                    field="input",
+                )
+            chat = dataclasses.replace(chat, messages=messages)
+        answer = await self.chat(chat, session_id, small=small)
+        answer = dataclasses.replace(answer, id=f"resp_{answer.id.removeprefix('chatcmpl-')}")
+        if session is not None and request.store:
+            [choice] = answer.choices
+            assert choice.message is not None
+            own = chat.messages[1:] if request.instructions is not None else chat.messages
+            session.responses[answer.id] = (*own, choice.message)
+        return answer
 
     async def complete(
         self, request: CompletionRequest, session_id: str | None, *, small: bool = False

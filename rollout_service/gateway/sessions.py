@@ -8,6 +8,10 @@ are ResourceExhausted with a retry hint, which the gateway answers as 429 with `
 expired id is NotFound (404). Expired sessions are dropped when the registry is next used; ``release`` is
 told each dropped session's id (the gateway frees the KV cache the engine kept for it).
 
+A session also keeps the Responses API responses its calls made (``previous_response_id``), each as the
+conversation through its reply: references to the messages its calls' records already hold, at most one per
+call, dropped with the session.
+
 Each open session is a registered caller of the batch scheduler (``register``, ``scheduler.Caller``). Before
 its first call, and after a reply that asked for tool results, its agent is about to call again (it runs the
 tools meanwhile): the batch being formed waits for it up to the scheduler's ``gather_s``, so the calls of
@@ -88,6 +92,8 @@ class Session:
     held_tokens: int = 0  # of its recorded calls (CallRecord.held_tokens)
     caller: Caller | None = field(default=None, repr=False)  # its handle with the batch scheduler
     closed: bool = False  # closed or expired, and dropped from the registry
+    # Stored Responses API responses: id → the conversation through its reply, instructions left out.
+    responses: dict[str, tuple[Message, ...]] = field(default_factory=dict, repr=False)
 
     def admit_call(self, now: float) -> None:
         """Count one more call; ResourceExhausted past ``max_calls``."""
@@ -107,6 +113,18 @@ class Session:
         replies = (choice.reply for choice in call.choices)
         if self.caller is not None and not any(reply is not None and reply.tool_calls for reply in replies):
             self.caller.idle()
+
+    def stored_conversation(self, response_id: str) -> tuple[Message, ...]:
+        """The conversation a stored response closes (earlier messages, its input, its reply); NotFound
+        for one this session did not store."""
+        try:
+            return self.responses[response_id]
+        except KeyError:
+            raise NotFound(
+                f"no response {response_id!r:.60} is stored in this session (stored only with store "
+                "true, in the session that made it)",
+                field="previous_response_id",
+            ) from None
 
     @property
     def next_index(self) -> int:

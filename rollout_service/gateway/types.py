@@ -123,6 +123,28 @@ class ChatRequest:
 
 
 @dataclass(frozen=True)
+class ResponsesRequest:
+    """``POST /v1/responses`` as the chat request it means, and what that API adds. ``chat.messages``:
+    the system message of ``instructions`` (when given), then the ``input``'s messages.
+    ``previous_response_id``: a stored response of the session whose conversation comes before the input;
+    ``store``: keep this response for a later ``previous_response_id``."""
+
+    chat: ChatRequest
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    store: bool = True
+
+    @property
+    def stream(self) -> bool:
+        return self.chat.stream
+
+    @property
+    def input_messages(self) -> tuple[Message, ...]:
+        """The input's messages, without the system message of ``instructions``."""
+        return self.chat.messages[1:] if self.instructions is not None else self.chat.messages
+
+
+@dataclass(frozen=True)
 class CompletionRequest:
     """``POST /v1/completions``: one prompt, as text or token ids. ``logprobs`` as for chat."""
 

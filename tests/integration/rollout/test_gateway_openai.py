@@ -9,6 +9,7 @@ the batch), then replays it in a session.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
@@ -19,10 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
+import httpx
 import openai
 import pytest
+from agents import Agent, MaxTurnsExceeded, ModelSettings, OpenAIResponsesModel, Runner
 from transformers import AutoModelForCausalLM
 
+from examples.agents import agents_sdk_agent  # importing it turns the Agents SDK's tracing off
 from grpo_runtime.call_errors import ServiceCallError
 from grpo_runtime.errors import NotFound
 from rollout_service.client import RolloutClient
@@ -209,6 +213,99 @@ def test_a_tool_loop_over_the_responses_api_is_one_exact_sequence_as_chat_would_
     assert chat_sequence.token_ids == sequence.token_ids and chat_sequence.loss_mask == sequence.loss_mask
 
 
+def test_a_turn_sent_as_previous_response_id_is_the_sequence_the_whole_conversation_gives(running, rollout):
+    """An agent that chains responses (``previous_response_id``, the Agents SDK's
+    ``auto_previous_response_id``) sends only its new message on the next turn: the gateway prepends the
+    stored conversation, so the two turns give the ids, answer and single sequence of the same turns sent
+    whole. The instructions, sent again, come first and are not repeated."""
+    fields = {"model": "tools", "instructions": "Use the calculator.", "tools": [RESPONSES_CALCULATOR]}
+    fields["max_output_tokens"] = 24
+    follow_up = {"role": "user", "content": "And 929 - 582?"}
+
+    def two_turns(chained: bool):
+        ticket = rollout.open_agent_session()
+        sdk = running.sdk(ticket.session_id)
+        first = sdk.responses.create(input=[QUESTION], **fields, extra_body={"seed": 5})
+        if chained:
+            second = sdk.responses.create(
+                input=[follow_up], previous_response_id=first.id, **fields, extra_body={"seed": 6}
+            )
+            assert second.previous_response_id == first.id and second.instructions == fields["instructions"]
+        else:
+            whole = [QUESTION, *(item.model_dump(exclude_none=True) for item in first.output), follow_up]
+            second = sdk.responses.create(input=whole, **fields, extra_body={"seed": 6})
+        return second, rollout.agent_trajectory(ticket.session_id, close=True)
+
+    chained, trajectory = two_turns(chained=True)
+    whole, whole_trajectory = two_turns(chained=False)
+    assert trajectory.calls == 2 and trajectory.prefix_mismatches == 0 and trajectory.retokenized_tokens == 0
+    (sequence,) = trajectory.sequences
+    (whole_sequence,) = whole_trajectory.sequences
+    assert sequence.token_ids == whole_sequence.token_ids and sequence.loss_mask == whole_sequence.loss_mask
+    assert chained.output_text == whole.output_text
+    assert chained.usage.input_tokens + chained.usage.output_tokens == len(sequence.token_ids)
+
+
+def test_the_agents_sdk_chaining_responses_sends_only_new_items_and_gives_one_sequence(running, rollout):
+    """The OpenAI Agents SDK's ``auto_previous_response_id``: after a calculator call its second request
+    carries the previous response's id and only the tool's output; the session is still one exact
+    sequence. Seeds are tried until the policy calls the calculator (about a third of its answers)."""
+    sent: list[dict] = []
+
+    async def record(request: httpx.Request) -> None:
+        sent.append(json.loads(request.content))
+
+    async def episode(session_id: str, seed: int) -> None:
+        http = httpx.AsyncClient(event_hooks={"request": [record]})
+        client = openai.AsyncOpenAI(
+            base_url=running.base_url(session_id), api_key="unused", max_retries=0, http_client=http
+        )
+        agent = Agent(
+            name="calculator agent",
+            tools=[agents_sdk_agent.calculator_tool],
+            model=OpenAIResponsesModel(model="tools", openai_client=client),
+            model_settings=ModelSettings(max_tokens=16, extra_body={"seed": seed}),
+        )
+        with contextlib.suppress(MaxTurnsExceeded):
+            await Runner.run(agent, [QUESTION], max_turns=2, auto_previous_response_id=True)
+        await http.aclose()
+
+    for seed in range(32):
+        sent.clear()
+        ticket = rollout.open_agent_session()
+        asyncio.run(episode(ticket.session_id, seed))
+        trajectory = rollout.agent_trajectory(ticket.session_id, close=True)
+        if trajectory.calls == 2:
+            break
+    assert len(sent) == 2 and "previous_response_id" not in sent[0], sent
+    assert sent[1]["previous_response_id"].startswith("resp_")
+    assert [item["type"] for item in sent[1]["input"]] == ["function_call_output"]
+    assert trajectory.prefix_mismatches == 0 and trajectory.retokenized_tokens == 0
+    assert len(trajectory.sequences) == 1
+
+
+def test_previous_response_id_names_only_a_stored_response_of_the_same_session(running, rollout):
+    """A response made with ``store: false``, or by another session, is not found (404 naming the field);
+    nothing is counted against the session's calls. A stored conversation counts toward
+    ``gateway.max_messages`` with the input."""
+    first, second = rollout.open_agent_sessions(2)
+    sdk, other = running.sdk(first.session_id), running.sdk(second.session_id)
+    fields = {"model": "tools", "max_output_tokens": 2}
+    unstored = sdk.responses.create(input=[QUESTION], store=False, **fields)
+    stored = sdk.responses.create(input=[QUESTION] * 7, **fields)  # 8 messages with its reply
+    assert not unstored.store and stored.store
+    session_base = running.base_url(first.session_id)
+    for client, response_id in [(sdk, unstored.id), (other, stored.id), (sdk, "resp_unknown")]:
+        with pytest.raises(openai.NotFoundError) as info:
+            client.responses.create(input=[QUESTION], previous_response_id=response_id, **fields)
+        assert info.value.body["param"] == "previous_response_id"
+    body = json.dumps({**fields, "input": [QUESTION], "previous_response_id": stored.id}).encode()
+    assert_error(post(session_base + "/responses", body), 413, "input", "gateway.max_messages")
+    sdk.responses.create(input=[QUESTION], **fields)  # the third of gateway.max_calls_per_session = 3
+    for ticket in (first, second):
+        rollout.close_agent_session(ticket.session_id)
+
+
 def test_a_streamed_response_is_the_apis_events_ending_in_the_whole_response(running, rollout):
     ticket = rollout.open_agent_session()
     sdk = running.sdk(ticket.session_id)
@@ -233,7 +330,8 @@ def test_a_streamed_response_is_the_apis_events_ending_in_the_whole_response(run
     ("fields", "status", "param", "needle"),
     [
         ({"stream": "yes"}, 400, "stream", "boolean"),
-        ({"previous_response_id": "resp_1"}, 400, "previous_response_id", "whole conversation"),
+        ({"previous_response_id": "resp_1"}, 400, "previous_response_id", "only within a session"),
+        ({"conversation": "conv_1"}, 400, "conversation", "previous_response_id"),
         ({"input": [QUESTION] * 9}, 413, "input", "gateway.max_messages"),
         ({"input": []}, 400, "input", "non-empty"),
         ({"input": [{"type": "reasoning", "summary": []}]}, 400, "input[0].type", "function_call_output"),

@@ -71,9 +71,10 @@ def assert_trained_on_agent_episodes(steps: list[dict]) -> None:
     [
         (openai_sdk_agent, {}),
         (agents_sdk_agent, {}),  # the SDK's default model: the Responses API
+        (agents_sdk_agent, {"chain_responses": True}),  # previous_response_id
         (agents_sdk_agent, {"api": "chat_completions"}),
     ],
-    ids=["openai-sdk", "agents-sdk-responses", "agents-sdk-chat"],
+    ids=["openai-sdk", "agents-sdk-responses", "agents-sdk-chained", "agents-sdk-chat"],
 )
 def test_a_python_sdk_agent_trains(example, options, tiny_models, services, tmp_path):
     with python_agent(example.episode_player(SAMPLING, **options)) as target:

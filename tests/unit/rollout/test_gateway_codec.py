@@ -220,9 +220,14 @@ def test_a_responses_turn_reads_as_the_chat_messages_it_means():
         "tools": [{"type": "function", "name": "calculator", "parameters": {"type": "object"}}],
         "tool_choice": {"type": "function", "name": "calculator"},
         "max_output_tokens": 7,
-        "store": True,  # changes nothing here: accepted
+        "previous_response_id": "resp_1",
+        "store": False,
     }
-    request = responses_codec.decode_responses_request(body, GatewaySettings(max_messages=4))
+    responses = responses_codec.decode_responses_request(body, GatewaySettings(max_messages=4))
+    assert responses.previous_response_id == "resp_1" and not responses.store
+    assert responses.instructions == "Use the calculator."
+    assert responses.input_messages == responses.chat.messages[1:]
+    request = responses.chat
     assert request.messages == (
         Message("system", "Use the calculator."),
         Message("user", "What is 2 + 2?"),
@@ -252,6 +257,10 @@ def test_a_responses_error_names_the_item_the_caller_wrote():
     assert info.value.field == "input" and "gateway.max_messages" in info.value.message
     assert responses_codec.responses_field("messages[0].content", ["instructions"]) == "instructions"
     assert responses_codec.responses_field("tools[2].function.parameters") == "tools[2].parameters"
+    for field, value in [("previous_response_id", ""), ("previous_response_id", 5), ("store", "no")]:
+        with pytest.raises(InvalidArgument) as info:
+            responses_codec.decode_responses_request({"input": "q", field: value}, SETTINGS)
+        assert info.value.field == field
 
 
 def test_a_served_call_answers_as_a_response_object():
@@ -259,10 +268,12 @@ def test_a_served_call_answers_as_a_response_object():
     choice = Choice(
         0, [5, 6], [-0.1, -0.2], [0, 0], "x", FinishReason.STOP, Message("assistant", "Hm.", (call,))
     )
-    answer = Answer("chatcmpl-abc", "chat", 1700000000, "tools", [1, 2, 3], [choice])
-    request = responses_codec.decode_responses_request({"input": "q"}, SETTINGS)
+    answer = Answer("resp_abc", "chat", 1700000000, "tools", [1, 2, 3], [choice])
+    body = {"input": "q", "instructions": "Be brief.", "previous_response_id": "resp_0"}
+    request = responses_codec.decode_responses_request(body, SETTINGS)
     out = responses_codec.encode_response(answer, request)
     assert out["object"] == "response" and out["id"] == "resp_abc" and out["status"] == "completed"
+    assert (out["instructions"], out["previous_response_id"], out["store"]) == ("Be brief.", "resp_0", True)
     message, function_call = out["output"]
     assert message["type"] == "message" and message["content"][0] == {
         "type": "output_text",
@@ -277,5 +288,5 @@ def test_a_served_call_answers_as_a_response_object():
     )
     assert out["usage"]["input_tokens"] == 3 and out["usage"]["output_tokens"] == 2
     cut = Choice(0, [5], [-0.1], [0], "x", FinishReason.LENGTH, Message("assistant", "x"))
-    out = responses_codec.encode_response(Answer("chatcmpl-b", "chat", 0, "tools", [1], [cut]), request)
+    out = responses_codec.encode_response(Answer("resp_b", "chat", 0, "tools", [1], [cut]), request)
     assert out["status"] == "incomplete" and out["incomplete_details"] == {"reason": "max_output_tokens"}
