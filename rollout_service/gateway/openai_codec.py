@@ -269,7 +269,16 @@ def _tools(value: Any, settings: GatewaySettings) -> tuple[dict[str, Any], ...]:
             f"{len(value)} tools, more than the server's limit gateway.max_tools = {settings.max_tools}",
             field="tools",
         )
-    return tuple(_tool(tool, f"tools[{i}]") for i, tool in enumerate(value))
+    tools = tuple(_tool(tool, f"tools[{i}]") for i, tool in enumerate(value))
+    seen: dict[str, int] = {}
+    for i, tool in enumerate(tools):
+        name = tool["function"]["name"]
+        if name in seen:  # a call names its tool: two of one name could not be told apart
+            raise InvalidArgument(
+                f"{name!r} is also the name of tools[{seen[name]}]", field=f"tools[{i}].function.name"
+            )
+        seen[name] = i
+    return tools
 
 
 def _tool(value: Any, field: str) -> dict[str, Any]:

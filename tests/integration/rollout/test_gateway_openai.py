@@ -347,6 +347,7 @@ def test_a_streamed_response_is_the_apis_events_ending_in_the_whole_response(run
         ({"tools": [{"type": "web_search"}]}, 400, "tools[0].type", "function"),
         ({"tools": [{"type": "function", "name": "a b"}]}, 400, "tools[0].name", "letters"),
         ({"tools": [RESPONSES_CALCULATOR] * 3}, 413, "tools", "gateway.max_tools"),
+        ({"tools": [RESPONSES_CALCULATOR] * 2}, 400, "tools[1].name", "also the name of tools[0]"),
         (
             {"tools": [RESPONSES_CALCULATOR], "tool_choice": {"type": "function", "name": "x"}},
             400,

@@ -92,6 +92,13 @@ def test_a_tool_schema_within_the_nesting_limit_is_checked():
     )
 
 
+def test_two_tools_of_one_name_are_refused_naming_the_second():
+    body = {"messages": [USER], "tools": [CALCULATOR, CALCULATOR]}
+    with pytest.raises(InvalidArgument, match="also the name of tools\\[0\\]") as info:
+        openai_codec.decode_chat_request(body, GatewaySettings(max_tools=2))
+    assert info.value.field == "tools[1].function.name"
+
+
 def test_a_remembered_schema_check_gives_each_call_its_own_answer():
     settings = GatewaySettings(max_tools=2)
     body = {"messages": [USER], "tools": [CALCULATOR, function_tool({"type": "object"})]}
