@@ -159,37 +159,44 @@ class AgentGateway:
     async def respond(
         self, request: ResponsesRequest, session_id: str | None, *, small: bool = False
     ) -> Answer:
-        """A Responses API call served as the chat call it means: after ``previous_response_id``'s stored
-        conversation when given (its instructions not carried over, as OpenAI's API does: the request's
-        own come first), and stored under the answer's ``resp_`` id unless ``store`` is false. Responses
-        are stored in the session that made them, and only there."""
+        """A Responses API call served as the chat call it means, after ``previous_response_id``'s stored
+        conversation when given (:meth:`_continued`), and kept under the answer's ``resp_`` id unless
+        ``store`` is false. Responses are kept in the session that made them, and only there."""
         session = self._admit(session_id, count=False)
         chat = request.chat
         if request.previous_response_id is not None:
-            if session is None:
-                raise InvalidArgument(
-                    "responses are stored only within a session (/sessions/<id>/v1); send the whole "
-                    "conversation as input",
-                    field="previous_response_id",
-                )
-            earlier = session.stored_conversation(request.previous_response_id)
-            head = chat.messages[:1] if request.instructions is not None else ()
-            messages = head + earlier + request.input_messages
-            if len(messages) > self.settings.max_messages:
-                raise ResourceExhausted(
-                    f"{len(messages)} messages with those of previous_response_id, more than the "
-                    f"server's limit gateway.max_messages = {self.settings.max_messages}",
-                    field="input",
-                )
-            chat = dataclasses.replace(chat, messages=messages)
+            chat = self._continued(request, session)
+            small = False  # a short body may continue a long conversation: render in a worker thread
         answer = await self.chat(chat, session_id, small=small)
         answer = dataclasses.replace(answer, id=f"resp_{answer.id.removeprefix('chatcmpl-')}")
         if session is not None and request.store:
             [choice] = answer.choices
             assert choice.message is not None
-            own = chat.messages[1:] if request.instructions is not None else chat.messages
-            session.responses[answer.id] = (*own, choice.message)
+            instructions = 1 if request.instructions is not None else 0
+            session.responses[answer.id] = (*chat.messages[instructions:], choice.message)
         return answer
+
+    def _continued(self, request: ResponsesRequest, session: Session | None) -> ChatRequest:
+        """The chat request of a call continuing a stored response: the request's own instructions (a
+        previous response's are not carried over, as in OpenAI's API), the stored conversation, the input;
+        refused past ``gateway.max_messages``."""
+        if session is None:
+            raise InvalidArgument(
+                "responses are stored only within a session (/sessions/<id>/v1); send the whole "
+                "conversation as input",
+                field="previous_response_id",
+            )
+        assert request.previous_response_id is not None
+        earlier = session.stored_conversation(request.previous_response_id)
+        head = request.chat.messages[:1] if request.instructions is not None else ()
+        messages = head + earlier + request.input_messages
+        if len(messages) > self.settings.max_messages:
+            raise ResourceExhausted(
+                f"{len(messages)} messages with those of previous_response_id, more than the server's "
+                f"limit gateway.max_messages = {self.settings.max_messages}",
+                field="input",
+            )
+        return dataclasses.replace(request.chat, messages=messages)
 
     async def complete(
         self, request: CompletionRequest, session_id: str | None, *, small: bool = False

@@ -33,6 +33,7 @@ from rollout_service.client import RolloutClient
 from rollout_service.core.rollout import INLINE_TOKENS
 from rollout_service.gateway import service as gateway_service
 from rollout_service.gateway.http_app import INLINE_BODY_BYTES
+from rollout_service.gateway.conversation import ConversationRenderer
 from rollout_service.gateway.metrics import SessionMetrics
 from rollout_service.gateway.service import AgentGateway, engine_session
 from rollout_service.gateway.sessions import CallRecord, SampledChoice
@@ -600,6 +601,26 @@ def test_a_long_sessions_trajectory_is_laid_out_off_the_event_loop(running, roll
     (sequence,) = rollout.agent_trajectory(long.session_id, close=True).sequences
     assert sequence.token_ids == [*ids, 7] and sequence.loss_mask[-2:] == [0, 1]
     assert sequence.logprobs[-1] == -0.5 and sequence.policy_versions[-1] == 3
+    on_loop, off_loop = threads
+    assert off_loop is not on_loop
+
+
+def test_a_chained_response_is_rendered_off_the_event_loop(running, rollout, monkeypatch):
+    """A short body may continue a long stored conversation: a call with ``previous_response_id`` renders
+    its prompt in a worker thread, a short call without one on the loop."""
+    threads = []
+    render = ConversationRenderer.chat_prompt
+
+    def rendered(self, *args):
+        threads.append(threading.current_thread())
+        return render(self, *args)
+
+    monkeypatch.setattr(ConversationRenderer, "chat_prompt", rendered)
+    ticket = rollout.open_agent_session()
+    sdk = running.sdk(ticket.session_id)
+    first = sdk.responses.create(model="tools", input=[QUESTION], max_output_tokens=4)
+    sdk.responses.create(model="tools", input="Sure?", previous_response_id=first.id, max_output_tokens=4)
+    rollout.close_agent_session(ticket.session_id)
     on_loop, off_loop = threads
     assert off_loop is not on_loop
 
