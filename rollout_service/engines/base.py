@@ -11,7 +11,7 @@ from typing import Protocol
 
 from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
-from rollout_service.engines.hf_sessions import SessionCaches
+from rollout_service.engines.session_caches import SessionCaches
 from rollout_service.types import GenerationJob
 from rollout_service.weights import ValidatedUpdate
 

@@ -52,8 +52,8 @@ from grpo_runtime.model_classes import auto_model_class, image_placeholder, load
 from grpo_runtime.tokenizing import decode_text
 from rollout_service.engines.base import Engine, UpdatePause, derive_seed
 from rollout_service.engines.hf_cache import decode_cache, seeded_layers
-from rollout_service.engines.hf_sessions import SessionCache, SessionCaches
 from rollout_service.engines.sampling import RowParams, sample_rows, sampling_logits, tempered_logprobs
+from rollout_service.engines.session_caches import SessionCache, SessionCaches
 from rollout_service.memory import release_freed_memory
 from rollout_service.types import FinishReason, GenerationJob, RawCompletion, SamplingSpec
 from rollout_service.weights import LoraAdapter, ValidatedUpdate

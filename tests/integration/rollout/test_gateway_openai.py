@@ -32,8 +32,8 @@ from grpo_runtime.errors import NotFound
 from rollout_service.client import RolloutClient
 from rollout_service.core.rollout import INLINE_TOKENS
 from rollout_service.gateway import service as gateway_service
-from rollout_service.gateway.http_app import INLINE_BODY_BYTES
 from rollout_service.gateway.conversation import ConversationRenderer
+from rollout_service.gateway.http_app import INLINE_BODY_BYTES
 from rollout_service.gateway.metrics import SessionMetrics
 from rollout_service.gateway.service import AgentGateway, engine_session
 from rollout_service.gateway.sessions import CallRecord, SampledChoice

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rollout_service.engines.hf import HFEngine
-from rollout_service.engines.hf_sessions import SessionCache, SessionCaches
 from rollout_service.engines.registry import build_engine
+from rollout_service.engines.session_caches import SessionCache, SessionCaches
 from rollout_service.settings import RolloutSettings
 from rollout_service.types import FinishReason, GenerationJob, SamplingSpec
 
