@@ -146,7 +146,7 @@ class AgentGateway:
         plan = await off_loop_unless(small, render, calls, request.messages, request.tools)
         logprobs = request.top_logprobs is not None
         left = self._budget_left(session, plan)
-        if left is not None and left < 1:
+        if session is not None and left is not None and left < 1:
             return self._spent(session, "chat", plan.prompt_ids, request.n, logprobs)
         self._check_record_room(session, plan)
         results = await self._generate(plan.prompt_ids, request.n, request.sampling, session, left)
@@ -213,7 +213,7 @@ class AgentGateway:
         plan = await off_loop_unless(small, self._renderer.completion_prompt, calls, request.prompt)
         logprobs = request.logprobs is not None
         left = self._budget_left(session, plan)
-        if left is not None and left < 1:
+        if session is not None and left is not None and left < 1:
             return self._spent(session, "completion", plan.prompt_ids, request.n, logprobs)
         self._check_record_room(session, plan)
         results = await self._generate(plan.prompt_ids, request.n, request.sampling, session, left)
@@ -288,7 +288,7 @@ class AgentGateway:
 
     def _spent(
         self,
-        session: Session | None,
+        session: Session,
         kind: Literal["chat", "completion"],
         prompt_ids: list[int],
         n: int,
@@ -297,7 +297,7 @@ class AgentGateway:
         """The answer to a call made when its branch's completion budget is spent: ``n`` empty choices that
         finished with length (empty logprobs where asked for), nothing generated or recorded; its agent is
         not waited for."""
-        if session is not None and session.caller is not None:
+        if session.caller is not None:
             session.caller.idle()
         message = Message("assistant", "") if kind == "chat" else None
         tokens: list[str] | None = [] if logprobs else None
