@@ -12,8 +12,6 @@ would send every run to api.openai.com.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from typing import Any, Literal
 
 from agents import (
@@ -32,12 +30,12 @@ from examples.agents.calculator_task import (
     CALCULATOR_DESCRIPTION,
     Sampling,
     calculator,
-    parse_args,
     question_messages,
     reward,
+    serve,
 )
 from examples.agents.openai_client import shared_client
-from grpo_runtime.agent_server import RunEpisode, run_agent
+from grpo_runtime.agent_server import RunEpisode
 
 set_tracing_disabled(True)
 
@@ -93,9 +91,7 @@ def episode_player(
 
 
 def main() -> None:
-    host, port, sampling = parse_args(__doc__.split("\n\n")[0])
-    logging.basicConfig(level=logging.INFO)
-    asyncio.run(run_agent(episode_player(sampling), port=port, host=host))
+    serve(episode_player, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import argparse
 import ast
+import asyncio
+import logging
 import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from grpo_runtime.agent_server import RunEpisode, run_agent
 
 MAX_EXPRESSION_CHARS = 200
 MAX_MAGNITUDE = 1e15  # larger intermediate results are refused (no huge products kept in memory)
@@ -114,3 +119,11 @@ def parse_args(description: str) -> tuple[str, int, Sampling]:
     args = parser.parse_args()
     sampling = Sampling(args.model, args.temperature, args.max_tokens, args.max_turns)
     return args.host, args.port, sampling
+
+
+def serve(episode_player: Callable[[Sampling], RunEpisode], description: str) -> None:
+    """An example agent's command: ``episode_player``'s episodes served on ``--host``/``--port`` until
+    interrupted, with the :class:`Sampling` of the command line."""
+    host, port, sampling = parse_args(description)
+    logging.basicConfig(level=logging.INFO)
+    asyncio.run(run_agent(episode_player(sampling), port=port, host=host))

@@ -19,8 +19,11 @@ import openai
 def shared_client() -> openai.AsyncOpenAI:
     """One client for all of a process's episodes; its base URL is a placeholder each episode replaces."""
     return openai.AsyncOpenAI(
-        base_url="http://127.0.0.1/v1",
-        api_key="unused",
-        max_retries=0,
-        http_client=openai.DefaultAioHttpClient(),
+        base_url="http://127.0.0.1/v1", api_key="unused", max_retries=0, http_client=shared_http_client()
     )
+
+
+def shared_http_client() -> openai.DefaultAioHttpClient:
+    """The HTTP client (an ``httpx.AsyncClient`` on aiohttp's transport) for a process's OpenAI clients,
+    for frameworks that build their own from it (LangChain's ``http_async_client``)."""
+    return openai.DefaultAioHttpClient()

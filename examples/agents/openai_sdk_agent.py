@@ -7,9 +7,7 @@ the same code runs against any OpenAI-compatible server.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 from typing import Any
 
 from examples.agents.calculator_task import (
@@ -17,12 +15,12 @@ from examples.agents.calculator_task import (
     CALCULATOR_PARAMETERS,
     Sampling,
     calculator,
-    parse_args,
     question_messages,
     reward,
+    serve,
 )
 from examples.agents.openai_client import shared_client
-from grpo_runtime.agent_server import RunEpisode, run_agent
+from grpo_runtime.agent_server import RunEpisode
 
 CALCULATOR_TOOL = {
     "type": "function",
@@ -81,9 +79,7 @@ def episode_player(sampling: Sampling) -> RunEpisode:
 
 
 def main() -> None:
-    host, port, sampling = parse_args(__doc__.split("\n\n")[0])
-    logging.basicConfig(level=logging.INFO)
-    asyncio.run(run_agent(episode_player(sampling), port=port, host=host))
+    serve(episode_player, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":

@@ -24,9 +24,14 @@ import httpx
 import openai
 import pytest
 from agents import Agent, MaxTurnsExceeded, ModelSettings, OpenAIResponsesModel, Runner
+from langchain_openai import ChatOpenAI
+from langgraph.errors import GraphRecursionError
 from transformers import AutoModelForCausalLM
 
-from examples.agents import agents_sdk_agent  # importing it turns the Agents SDK's tracing off
+from examples.agents import (  # importing them turns the SDKs' tracing off
+    agents_sdk_agent,
+    langgraph_agent,
+)
 from grpo_runtime.call_errors import ServiceCallError
 from grpo_runtime.errors import NotFound
 from rollout_service.client import RolloutClient
@@ -283,6 +288,30 @@ def test_the_agents_sdk_chaining_responses_sends_only_new_items_and_gives_one_se
     assert [item["type"] for item in sent[1]["input"]] == ["function_call_output"]
     assert trajectory.prefix_mismatches == 0 and trajectory.retokenized_tokens == 0
     assert len(trajectory.sequences) == 1
+
+
+def test_a_langgraph_tool_loop_is_one_exact_sequence(running, rollout):
+    """LangGraph's loop (the example's graph: ``ChatOpenAI`` with the tool bound, a ``ToolNode``) sends the
+    model's reply back as LangChain converted it: the gateway still reuses its exact ids. Seeds are tried
+    until the policy calls the calculator."""
+    graph = langgraph_agent.agent_graph()
+
+    async def episode(session_id: str, seed: int) -> None:
+        model = ChatOpenAI(
+            model="tools", base_url=running.base_url(session_id), api_key="unused", max_tokens=16, seed=seed
+        ).bind_tools([langgraph_agent.calculator_tool])
+        config = {"configurable": {"model": model}, "recursion_limit": 4}
+        with contextlib.suppress(GraphRecursionError):
+            await graph.ainvoke({"messages": [QUESTION]}, config)
+
+    for seed in range(32):
+        ticket = rollout.open_agent_session()
+        asyncio.run(episode(ticket.session_id, seed))
+        trajectory = rollout.agent_trajectory(ticket.session_id, close=True)
+        if trajectory.calls == 2:
+            break
+    assert trajectory.calls == 2 and len(trajectory.sequences) == 1
+    assert trajectory.prefix_mismatches == 0 and trajectory.retokenized_tokens == 0
 
 
 def test_previous_response_id_names_only_a_stored_response_of_the_same_session(running, rollout):

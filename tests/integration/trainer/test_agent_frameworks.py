@@ -1,7 +1,7 @@
 """The example agents (examples/agents, examples/node) train the policy unchanged but for their base URL:
 each trains two steps end to end through real servers on loopback — a rollout service with its OpenAI
-gateway, a reward service, and the agent: the ``openai`` SDK and OpenAI Agents SDK ones served from this
-process, the TypeScript one (the official ``openai`` npm package, compiled by ``npm ci``) as a real
+gateway, a reward service, and the agent: the ``openai`` SDK, OpenAI Agents SDK and LangGraph ones served
+from this process, the TypeScript one (the official ``openai`` npm package, compiled by ``npm ci``) as a real
 ``node`` process. The policy is the shipped calculator one (models/tools), which calls the calculator in
 about a third of its answers, so the agents' tool loops run for real."""
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from examples.agents import agents_sdk_agent, openai_sdk_agent
+from examples.agents import agents_sdk_agent, langgraph_agent, openai_sdk_agent
 from examples.agents.calculator_task import Sampling
 from tests.integration.trainer.fixtures import REPO, run_config
 from tests.support.agents import node_agent, python_agent, rollout_with_gateway
@@ -73,8 +73,9 @@ def assert_trained_on_agent_episodes(steps: list[dict]) -> None:
         (agents_sdk_agent, {}),  # the SDK's default model: the Responses API
         (agents_sdk_agent, {"chain_responses": True}),  # previous_response_id
         (agents_sdk_agent, {"api": "chat_completions"}),
+        (langgraph_agent, {}),
     ],
-    ids=["openai-sdk", "agents-sdk-responses", "agents-sdk-chained", "agents-sdk-chat"],
+    ids=["openai-sdk", "agents-sdk-responses", "agents-sdk-chained", "agents-sdk-chat", "langgraph"],
 )
 def test_a_python_sdk_agent_trains(example, options, tiny_models, services, tmp_path):
     with python_agent(example.episode_player(SAMPLING, **options)) as target:
