@@ -4,10 +4,10 @@ agent loop — served over ``grpo.agent.v1`` so the trainer can train the policy
 ties it to the trainer.
 
 The graph is compiled once; each episode gives it a ``ChatOpenAI`` of its own base URL (the episode's gateway
-session) through the run's config. The model objects share one HTTP client per process, as LangChain's
-``http_async_client`` and ``http_client`` let them: each builds its OpenAI clients in about 0.3 ms of CPU
-instead of about 40 ms for the SSL contexts of clients of its own. LangSmith tracing is turned off: it would
-send every run to api.smith.langchain.com.
+session) as the run's context (LangGraph's ``context_schema``). The model objects share one HTTP client per
+process, as LangChain's ``http_async_client`` and ``http_client`` let them: each builds its OpenAI clients in
+about 0.3 ms of CPU instead of about 40 ms for the SSL contexts of clients of its own. LangSmith tracing is
+turned off: it would send every run to api.smith.langchain.com.
 
     python -m examples.agents.langgraph_agent --port 50060     # from the repository root
 """
@@ -15,16 +15,18 @@ send every run to api.smith.langchain.com.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from langchain_core.messages import AIMessage, AnyMessage
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.errors import GraphRecursionError
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
+from langgraph.runtime import Runtime
 
 from examples.agents.calculator_task import (
     CALCULATOR_DESCRIPTION,
@@ -46,15 +48,21 @@ def calculator_tool(expression: str) -> str:
     return calculator(expression)
 
 
-async def call_model(state: MessagesState, config: RunnableConfig) -> dict[str, list[AnyMessage]]:
-    """The model node: the episode's model (``config["configurable"]["model"]``) answers the conversation."""
-    model = config["configurable"]["model"]
-    return {"messages": [await model.ainvoke(state["messages"])]}
+@dataclass(frozen=True)
+class Episode:
+    """What one run of the graph uses: the episode's model, its tools bound."""
+
+    model: Runnable[list[AnyMessage], AIMessage]
+
+
+async def call_model(state: MessagesState, runtime: Runtime[Episode]) -> dict[str, list[AnyMessage]]:
+    """The model node: the episode's model answers the conversation."""
+    return {"messages": [await runtime.context.model.ainvoke(state["messages"])]}
 
 
 def agent_graph():
     """model → tools while the model calls one → model … → end: LangGraph's tool-calling loop."""
-    graph = StateGraph(MessagesState)
+    graph = StateGraph(MessagesState, context_schema=Episode)
     graph.add_node("model", call_model)
     graph.add_node("tools", ToolNode([calculator_tool]))
     graph.add_edge(START, "model")
@@ -83,9 +91,9 @@ def episode_player(sampling: Sampling) -> RunEpisode:
         ).bind_tools([calculator_tool])
         # A graph step per model call and per tool step: max_turns calls take 2 * max_turns - 1 steps, and
         # LangGraph raises GraphRecursionError instead of taking its recursion_limit-th.
-        config: RunnableConfig = {"configurable": {"model": model}, "recursion_limit": 2 * sampling.max_turns}
+        config: RunnableConfig = {"recursion_limit": 2 * sampling.max_turns}
         try:
-            state = await graph.ainvoke({"messages": question_messages(task)}, config)
+            state = await graph.ainvoke({"messages": question_messages(task)}, config, context=Episode(model))
         except GraphRecursionError as error:  # the policy's doing: a bad episode
             return (0.0 if task.get("answer") else None), {"error": f"GraphRecursionError: {error}"}
         replies = [m for m in state["messages"] if isinstance(m, AIMessage)]

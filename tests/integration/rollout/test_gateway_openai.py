@@ -300,9 +300,10 @@ def test_a_langgraph_tool_loop_is_one_exact_sequence(running, rollout):
         model = ChatOpenAI(
             model="tools", base_url=running.base_url(session_id), api_key="unused", max_tokens=16, seed=seed
         ).bind_tools([langgraph_agent.calculator_tool])
-        config = {"configurable": {"model": model}, "recursion_limit": 4}
         with contextlib.suppress(GraphRecursionError):
-            await graph.ainvoke({"messages": [QUESTION]}, config)
+            await graph.ainvoke(
+                {"messages": [QUESTION]}, {"recursion_limit": 4}, context=langgraph_agent.Episode(model)
+            )
 
     for seed in range(32):
         ticket = rollout.open_agent_session()
