@@ -433,15 +433,19 @@ def _tool_calls(message: Message) -> list[dict[str, Any]]:
     ]
 
 
-def _chat_logprobs(choice: Choice) -> dict[str, Any] | None:
+def token_logprobs(choice: Choice) -> list[dict[str, Any]] | None:
+    """Each sampled token's ``{token, logprob, bytes, top_logprobs}`` (None: logprobs were not asked for)."""
     if choice.tokens is None:
         return None
-    return {
-        "content": [
-            {"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []}
-            for token, logprob in zip(choice.tokens, choice.logprobs, strict=True)
-        ]
-    }
+    return [
+        {"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []}
+        for token, logprob in zip(choice.tokens, choice.logprobs, strict=True)
+    ]
+
+
+def _chat_logprobs(choice: Choice) -> dict[str, Any] | None:
+    content = token_logprobs(choice)
+    return None if content is None else {"content": content}
 
 
 def _completion_logprobs(choice: Choice) -> dict[str, Any] | None:

@@ -10,7 +10,9 @@ does: a turn that sends back the previous turn's output items extends the record
   calls of the assistant message before them (or of an assistant message of their own), ``call_id`` each
   call's id; a ``function_call_output`` item is a tool message answering ``call_id``;
 - ``tools`` (function tools, flat: ``name``, ``description``, ``parameters``) and ``tool_choice`` as chat's;
-  ``max_output_tokens`` the call's ``max_tokens``; ``temperature``, ``top_p`` as chat's.
+  ``max_output_tokens`` the call's ``max_tokens``; ``temperature``, ``top_p`` as chat's; ``include`` with
+  ``message.output_text.logprobs``: chat's ``logprobs`` (the reply's sampled tokens, tool calls included, as
+  chat gives them); its other values ask for what this server does not produce and change nothing.
 
 The answer is a ``response`` object: the reply's text as a ``message`` item with one ``output_text`` part,
 each tool call a ``function_call`` item (``call_id`` the id chat gives it); ``status`` "incomplete" with
@@ -42,6 +44,7 @@ from rollout_service.gateway.openai_codec import (
     as_text,
     decode_chat_request,
     read_bool,
+    token_logprobs,
     usage,
 )
 from rollout_service.gateway.types import Answer, ResponsesRequest
@@ -58,6 +61,8 @@ _REFUSED = {
 }
 _CHAT_KEYS = ("stream", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop")
 _MESSAGE_ROLES = frozenset({"user", "system", "developer", "assistant"})
+_LOGPROBS = "message.output_text.logprobs"
+MAX_INCLUDE = 16  # the API defines fewer values than this
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 
 
@@ -85,6 +90,7 @@ def decode_responses_request(body: Any, settings: GatewaySettings) -> ResponsesR
     if previous is not None:
         as_string(previous, "previous_response_id", empty=False)
     store = body.get("store") is None or read_bool(body, "store")
+    logprobs = _LOGPROBS in _include(body.get("include"))
     instructions = body.get("instructions")
     conversation = _conversation(instructions, body.get("input"), settings.max_messages)
     chat: dict[str, Any] = {
@@ -93,6 +99,8 @@ def decode_responses_request(body: Any, settings: GatewaySettings) -> ResponsesR
     }
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
+    if logprobs:
+        chat["logprobs"] = True
     if body.get("tools") is not None:
         chat["tools"] = _tools(body["tools"])
     if body.get("tool_choice") is not None:
@@ -103,6 +111,14 @@ def decode_responses_request(body: Any, settings: GatewaySettings) -> ResponsesR
         error.field = responses_field(error.field, conversation.origins)
         raise
     return ResponsesRequest(request, instructions, previous, store)
+
+
+def _include(include: Any) -> list[str]:
+    if include is None:
+        return []
+    if not isinstance(include, list) or len(include) > MAX_INCLUDE:
+        raise InvalidArgument(f"must be a list of at most {MAX_INCLUDE} strings", field="include")
+    return [as_string(value, f"include[{i}]") for i, value in enumerate(include)]
 
 
 def _check_text_format(text: Any) -> None:
@@ -244,7 +260,13 @@ def encode_response(answer: Answer, request: ResponsesRequest) -> dict[str, Any]
     assert choice.message is not None
     output: list[dict[str, Any]] = []
     if choice.message.content or not choice.message.tool_calls:
-        part = {"type": "output_text", "text": choice.message.content, "annotations": [], "logprobs": []}
+        logprobs = token_logprobs(choice) or []
+        part = {
+            "type": "output_text",
+            "text": choice.message.content,
+            "annotations": [],
+            "logprobs": logprobs,
+        }
         output.append(
             {
                 "type": "message",
@@ -347,8 +369,8 @@ def _item_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
             "item": {**item, "content": [], "status": "in_progress"},
         },
         {"type": "response.content_part.added", **at, "part": {**part, "text": ""}},
-        {"type": "response.output_text.delta", **at, "delta": part["text"], "logprobs": []},
-        {"type": "response.output_text.done", **at, "text": part["text"], "logprobs": []},
+        {"type": "response.output_text.delta", **at, "delta": part["text"], "logprobs": part["logprobs"]},
+        {"type": "response.output_text.done", **at, "text": part["text"], "logprobs": part["logprobs"]},
         {"type": "response.content_part.done", **at, "part": part},
         {"type": "response.output_item.done", "output_index": index, "item": item},
     ]

@@ -337,6 +337,19 @@ def test_previous_response_id_names_only_a_stored_response_of_the_same_session(r
         rollout.close_agent_session(ticket.session_id)
 
 
+def test_a_response_with_output_text_logprobs_gives_the_recorded_ones(running, rollout):
+    ticket = rollout.open_agent_session()
+    sdk = running.sdk(ticket.session_id)
+    answer = sdk.responses.create(
+        model="tools", input=[QUESTION], max_output_tokens=12, include=["message.output_text.logprobs"]
+    )
+    (sequence,) = rollout.agent_trajectory(ticket.session_id, close=True).sequences
+    recorded = [lp for lp, m in zip(sequence.logprobs, sequence.loss_mask, strict=True) if m]
+    [part] = next(item for item in answer.output if item.type == "message").content
+    assert [entry.logprob for entry in part.logprobs] == pytest.approx(recorded, abs=1e-6)
+    assert len(part.logprobs) == answer.usage.output_tokens
+
+
 def test_a_streamed_response_is_the_apis_events_ending_in_the_whole_response(running, rollout):
     ticket = rollout.open_agent_session()
     sdk = running.sdk(ticket.session_id)

@@ -264,10 +264,29 @@ def test_a_responses_error_names_the_item_the_caller_wrote():
     assert info.value.field == "input" and "gateway.max_messages" in info.value.message
     assert responses_codec.responses_field("messages[0].content", ["instructions"]) == "instructions"
     assert responses_codec.responses_field("tools[2].function.parameters") == "tools[2].parameters"
-    for field, value in [("previous_response_id", ""), ("previous_response_id", 5), ("store", "no")]:
+    bad = [("previous_response_id", ""), ("previous_response_id", 5), ("store", "no"), ("include", "x")]
+    for field, value in bad:
         with pytest.raises(InvalidArgument) as info:
             responses_codec.decode_responses_request({"input": "q", field: value}, SETTINGS)
         assert info.value.field == field
+
+
+def test_include_output_text_logprobs_asks_chat_for_the_sampled_tokens_logprobs():
+    body = {"input": "q", "include": ["reasoning.encrypted_content", "message.output_text.logprobs"]}
+    request = responses_codec.decode_responses_request(body, SETTINGS)
+    assert request.chat.top_logprobs == 0
+    assert responses_codec.decode_responses_request({"input": "q"}, SETTINGS).chat.top_logprobs is None
+    choice = Choice(
+        0, [5, 6], [-0.5, -1.5], [0, 0], "Hm", FinishReason.STOP, Message("assistant", "Hm"), ["H", "m"]
+    )
+    [item] = responses_codec.encode_response(Answer("resp_a", "chat", 0, "tools", [1], [choice]), request)[
+        "output"
+    ]
+    logprobs = item["content"][0]["logprobs"]
+    assert [(p["token"], p["logprob"], p["bytes"]) for p in logprobs] == [
+        ("H", -0.5, [72]),
+        ("m", -1.5, [109]),
+    ]
 
 
 def test_a_served_call_answers_as_a_response_object():
