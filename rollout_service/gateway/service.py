@@ -31,7 +31,13 @@ from rollout_service.core.tool_calls import TOOL_CALL, parse_tool_calls
 from rollout_service.core.validation import MAX_CHARS_PER_TOKEN, validate_sampling
 from rollout_service.core.versioning import check_min_version
 from rollout_service.gateway.conversation import ConversationRenderer, PromptPlan, tools_key
-from rollout_service.gateway.sessions import CallRecord, SampledChoice, Session, SessionRegistry
+from rollout_service.gateway.sessions import (
+    CallRecord,
+    SampledChoice,
+    Session,
+    SessionRegistry,
+    StoredResponse,
+)
 from rollout_service.gateway.trajectory import trajectory
 from rollout_service.gateway.types import (
     AgentTrajectory,
@@ -152,16 +158,20 @@ class AgentGateway:
         results = await self._generate(plan.prompt_ids, request.n, request.sampling, session, left)
         parse = bool(request.tools) and request.tool_choice != "none"
         choices = [self._choice(i, r, logprobs, self._reply(r.text, parse)) for i, r in enumerate(results)]
+        index = None
         if session is not None:
-            self._record(session, "chat", plan, results, choices, request.messages, tools_key(request.tools))
-        return self._answer("chat", plan.prompt_ids, choices)
+            key = tools_key(request.tools)
+            index = self._record(session, "chat", plan, results, choices, request.messages, key)
+        return self._answer("chat", plan.prompt_ids, choices, index)
 
     async def respond(
         self, request: ResponsesRequest, session_id: str | None, *, small: bool = False
     ) -> Answer:
         """A Responses API call served as the chat call it means, after ``previous_response_id``'s stored
         conversation when given (:meth:`_continued`), and kept under the answer's ``resp_`` id unless
-        ``store`` is false. Responses are kept in the session that made them, and only there."""
+        ``store`` is false. Responses are kept in the session that made them, and only there, as a
+        reference to the call's record: one answered empty for a spent budget (nothing generated or
+        recorded) is not kept."""
         session = self._admit(session_id, count=False)
         chat = request.chat
         if request.previous_response_id is not None:
@@ -169,11 +179,9 @@ class AgentGateway:
             small = False  # a short body may continue a long conversation: render in a worker thread
         answer = await self.chat(chat, session_id, small=small)
         answer = dataclasses.replace(answer, id=f"resp_{answer.id.removeprefix('chatcmpl-')}")
-        if session is not None and request.store:
-            [choice] = answer.choices
-            assert choice.message is not None
-            instructions = 1 if request.instructions is not None else 0
-            session.responses[answer.id] = (*chat.messages[instructions:], choice.message)
+        if session is not None and request.store and answer.call_index is not None:
+            first = 1 if request.instructions is not None else 0  # instructions are not carried over
+            session.responses[answer.id] = StoredResponse(answer.call_index, first)
         return answer
 
     def _continued(self, request: ResponsesRequest, session: Session | None) -> ChatRequest:
@@ -218,10 +226,11 @@ class AgentGateway:
         self._check_record_room(session, plan)
         results = await self._generate(plan.prompt_ids, request.n, request.sampling, session, left)
         choices = [self._choice(i, r, logprobs) for i, r in enumerate(results)]
+        index = None
         if session is not None:
             text = request.prompt if isinstance(request.prompt, str) else ""
-            self._record(session, "completion", plan, results, choices, prompt_text=text)
-        return self._answer("completion", plan.prompt_ids, choices)
+            index = self._record(session, "completion", plan, results, choices, prompt_text=text)
+        return self._answer("completion", plan.prompt_ids, choices, index)
 
     # --------------------------------------------------------------- helpers
     def _admit(self, session_id: str | None, *, count: bool = True) -> Session | None:
@@ -348,13 +357,15 @@ class AgentGateway:
         messages: tuple[Message, ...] = (),
         key: str = "",
         prompt_text: str = "",
-    ) -> None:
+    ) -> int:
+        """Record a generated call; its index in the session's calls."""
         session.retokenized_tokens += plan.retokenized
         session.prefix_mismatches += plan.mismatch
+        index = session.next_index
         self.sessions.record(
             session,
             CallRecord(
-                index=session.next_index,
+                index=index,
                 kind=kind,
                 prompt_ids=plan.prompt_ids,
                 choices=[
@@ -370,11 +381,15 @@ class AgentGateway:
                 prompt_text=prompt_text,
             ),
         )
+        return index
 
     def _answer(
-        self, kind: Literal["chat", "completion"], prompt_ids: list[int], choices: list[Choice]
+        self,
+        kind: Literal["chat", "completion"],
+        prompt_ids: list[int],
+        choices: list[Choice],
+        call_index: int | None = None,
     ) -> Answer:
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
-        return Answer(
-            f"{prefix}-{uuid.uuid4().hex}", kind, int(self._clock()), self.model_name, prompt_ids, choices
-        )
+        answer_id = f"{prefix}-{uuid.uuid4().hex}"
+        return Answer(answer_id, kind, int(self._clock()), self.model_name, prompt_ids, choices, call_index)

@@ -8,9 +8,9 @@ are ResourceExhausted with a retry hint, which the gateway answers as 429 with `
 expired id is NotFound (404). Expired sessions are dropped when the registry is next used; ``release`` is
 told each dropped session's id (the gateway frees the KV cache the engine kept for it).
 
-A session also keeps the Responses API responses its calls made (``previous_response_id``), each as the
-conversation through its reply: references to the messages its calls' records already hold, at most one per
-call, dropped with the session.
+A session also keeps the Responses API responses its calls made (``previous_response_id``), each a
+reference to the record of the call that made it (:class:`StoredResponse`): the conversation through its
+reply is read from that record, so keeping one costs no more memory whatever its length.
 
 Each open session is a registered caller of the batch scheduler (``register``, ``scheduler.Caller``). Before
 its first call, and after a reply that asked for tool results, its agent is about to call again (it runs the
@@ -75,6 +75,16 @@ class CallRecord:
         return len(self.prompt_ids) + len(self.rendered_ids) + sum(len(c.token_ids) for c in self.choices)
 
 
+@dataclass(frozen=True)
+class StoredResponse:
+    """A Responses API response kept for ``previous_response_id``: the index of the call record that made
+    it, and the first of that call's messages its conversation keeps (1 past the system message of the
+    call's ``instructions``, which are not carried over)."""
+
+    call: int
+    first_message: int
+
+
 @dataclass
 class Session:
     """One session: its calls in the order they finished, and the divergence counters."""
@@ -92,8 +102,7 @@ class Session:
     held_tokens: int = 0  # of its recorded calls (CallRecord.held_tokens)
     caller: Caller | None = field(default=None, repr=False)  # its handle with the batch scheduler
     closed: bool = False  # closed or expired, and dropped from the registry
-    # Stored Responses API responses: id → the conversation through its reply, instructions left out.
-    responses: dict[str, tuple[Message, ...]] = field(default_factory=dict, repr=False)
+    responses: dict[str, StoredResponse] = field(default_factory=dict, repr=False)  # by response id
 
     def admit_call(self, now: float) -> None:
         """Count one more call; ResourceExhausted past ``max_calls``."""
@@ -115,16 +124,19 @@ class Session:
             self.caller.idle()
 
     def stored_conversation(self, response_id: str) -> tuple[Message, ...]:
-        """The conversation a stored response closes (earlier messages, its input, its reply); NotFound
-        for one this session did not store."""
-        try:
-            return self.responses[response_id]
-        except KeyError:
+        """The conversation a stored response closes (earlier messages, its input, its reply), read from its
+        call's record; NotFound for one this session did not store."""
+        stored = self.responses.get(response_id)
+        if stored is None:
             raise NotFound(
                 f"no response {response_id!r:.60} is stored in this session (stored only with store "
                 "true, in the session that made it)",
                 field="previous_response_id",
-            ) from None
+            )
+        call = self.calls[stored.call]
+        reply = call.choices[0].reply
+        assert reply is not None  # a chat call's
+        return (*call.messages[stored.first_message :], reply)
 
     @property
     def next_index(self) -> int:

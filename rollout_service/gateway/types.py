@@ -183,6 +183,7 @@ class Answer:
     model: str
     prompt_ids: list[int]
     choices: list[Choice]
+    call_index: int | None = None  # the session's record of the call (None: outside one, or not generated)
 
 
 @dataclass(frozen=True)

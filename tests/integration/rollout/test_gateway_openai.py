@@ -337,6 +337,18 @@ def test_previous_response_id_names_only_a_stored_response_of_the_same_session(r
         rollout.close_agent_session(ticket.session_id)
 
 
+def test_a_response_answered_empty_for_a_spent_budget_is_not_kept(running, rollout):
+    """Nothing was generated or recorded for it, so there is no record to read its conversation from."""
+    ticket = rollout.open_agent_session(max_completion_tokens=1)
+    sdk = running.sdk(ticket.session_id)
+    first = sdk.responses.create(model="tools", input=[QUESTION], max_output_tokens=4)
+    spent = sdk.responses.create(model="tools", input="More?", previous_response_id=first.id)
+    assert spent.status == "incomplete" and spent.usage.output_tokens == 0
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.create(model="tools", input="And?", previous_response_id=spent.id)
+    assert rollout.agent_trajectory(ticket.session_id, close=True).calls == 1
+
+
 def test_a_response_with_output_text_logprobs_gives_the_recorded_ones(running, rollout):
     ticket = rollout.open_agent_session()
     sdk = running.sdk(ticket.session_id)

@@ -17,7 +17,7 @@ from rollout_service.codec import (
     encode_open_agent_sessions_request,
 )
 from rollout_service.core.scheduler import BatchScheduler
-from rollout_service.gateway.sessions import CallRecord, SampledChoice, SessionRegistry
+from rollout_service.gateway.sessions import CallRecord, SampledChoice, SessionRegistry, StoredResponse
 from rollout_service.gateway.types import (
     AgentSequence,
     AgentTrajectory,
@@ -144,6 +144,20 @@ def record(session, prompt_ids, sampled, parent=None):
     """A finished call of ``session``: ``prompt_ids`` fed, ``sampled`` ids answered (one choice)."""
     choice = SampledChoice(sampled, [0.0] * len(sampled), [0] * len(sampled), "", Message("assistant", ""))
     session.record(CallRecord(session.next_index, "chat", prompt_ids, [choice], 0, parent=parent))
+
+
+def test_a_stored_response_is_read_from_its_calls_record_without_its_instructions():
+    registry = SessionRegistry(max_sessions=1, max_calls_per_session=4, ttl_s=60)
+    session = registry.get(registry.open().session_id)
+    system, user = Message("system", "Be brief."), Message("user", "1 + 1?")
+    reply = Message("assistant", "2")
+    choice = SampledChoice([3], [-0.5], [0], "2", reply)
+    session.record(CallRecord(0, "chat", [1, 2], [choice], 0, messages=(system, user)))
+    session.responses["resp_a"] = StoredResponse(call=0, first_message=1)
+    assert session.stored_conversation("resp_a") == (user, reply)
+    with pytest.raises(NotFound) as info:
+        session.stored_conversation("resp_b")
+    assert info.value.field == "previous_response_id"
 
 
 def test_a_branchs_completion_budget_is_what_its_calls_added_after_its_roots_prompt():
