@@ -9,13 +9,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
-import psutil
 import pytest
 from grpo.reward.v1 import reward_pb2, reward_pb2_grpc
 
 from grpo_runtime.client import create_channel
 from grpo_runtime.server import GrpcServer
 from tests.integration.reward.fixtures import reward_server_thread
+from tests.support.sandboxes import running_sandboxes
 
 # One slot, so that the big request would hold it for every one of its runs if turns were not fair.
 SETTINGS = {
@@ -45,11 +45,6 @@ def _request(
     return msg
 
 
-def _sandboxes() -> int:
-    """Sandboxes the server (a thread of this process) has started and not reaped."""
-    return sum(child.name() in ("bwrap", "setpriv") for child in psutil.Process().children())
-
-
 def test_a_small_request_is_scored_before_a_big_looping_batch_finishes(server):
     """4 samples × 8 tests of a program that loops: 32 runs of one time limit each on the one slot. A
     one-test request sent while it runs is answered first; cancelling the big call kills its runs."""
@@ -62,7 +57,7 @@ def test_a_small_request_is_scored_before_a_big_looping_batch_finishes(server):
             big_call = stub.Score(big, timeout=120)
             big_task = asyncio.ensure_future(big_call)
             async with asyncio.timeout(30):
-                while _sandboxes() == 0:  # the big request holds the slot
+                while running_sandboxes() == 0:  # the big request holds the slot
                     await asyncio.sleep(0.05)
             small_task = asyncio.ensure_future(stub.Score(small, timeout=60))
             done, _ = await asyncio.wait({big_task, small_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -73,9 +68,9 @@ def test_a_small_request_is_scored_before_a_big_looping_batch_finishes(server):
                 await big_task
             # The big batch would run for 32 s more; a cancelled one ends at its current run.
             async with asyncio.timeout(20):
-                while _sandboxes():
+                while running_sandboxes():
                     await asyncio.sleep(0.1)
-            return small_first, small_reward, _sandboxes()
+            return small_first, small_reward, running_sandboxes()
 
     small_first, small_reward, left = asyncio.run(run())
     assert small_first

@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 
-import psutil
 import pytest
 
 from grpo_runtime.errors import InvalidArgument
@@ -24,6 +23,7 @@ from reward_service.sandbox.limits import RunLimits
 from reward_service.sandbox.reports import BadReport, parse_header
 from reward_service.sandbox.runner import SandboxRunner, open_runner
 from reward_service.sandbox.settings import SandboxSettings
+from tests.support.sandboxes import running_sandboxes
 
 # Tests share a sandbox run for up to 30 s here, so that a loaded machine does not split a run by time.
 SETTINGS = SandboxSettings(wall_timeout_s=1.0, cpu_time_s=1, memory_mb=256, concurrency=2, batch_wall_s=30)
@@ -171,11 +171,6 @@ def test_on_timeout_must_be_one_of_its_choices():
     assert refused.value.field == "p.on_timeout"
 
 
-def _sandboxes() -> int:
-    """Sandboxes this process has started and not reaped (as root, setpriv execs bwrap in place)."""
-    return sum(child.name() in ("bwrap", "setpriv") for child in psutil.Process().children())
-
-
 async def test_a_small_request_is_scored_before_a_big_looping_batch_finishes(runner):
     """One slot; a request of 4 samples × 4 tests of a program that loops needs it for 16 time limits
     (on_timeout=continue; a timed-out test outlasts batch_wall_s, so each is a sandbox run of its own).
@@ -190,7 +185,7 @@ async def test_a_small_request_is_scored_before_a_big_looping_batch_finishes(run
     small = [Sample(id="small", completion=_fenced("print(2)"), metadata={"expected": "2"})]
     big_task = asyncio.ensure_future(reward.score(big, _params(reward)))
     async with asyncio.timeout(30):
-        while _sandboxes() == 0:  # the big request holds the slot
+        while running_sandboxes() == 0:  # the big request holds the slot
             await asyncio.sleep(0.05)
     small_task = asyncio.ensure_future(reward.score(small, _params(reward)))
     done, _ = await asyncio.wait({big_task, small_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -200,7 +195,7 @@ async def test_a_small_request_is_scored_before_a_big_looping_batch_finishes(run
     with pytest.raises(asyncio.CancelledError):
         await big_task
     async with asyncio.timeout(30):
-        while _sandboxes():  # the cancelled request's run is killed
+        while running_sandboxes():  # the cancelled request's run is killed
             await asyncio.sleep(0.05)
 
 
