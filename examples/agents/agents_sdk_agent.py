@@ -68,8 +68,8 @@ def episode_player(
         client = shared.with_options(base_url=base_url)
         agent = Agent(
             name="calculator agent",
-            # None: the shipped tools policy learned the task without a system message; with one it does
-            # not call the calculator, so an agent of its own instructions would need training from there.
+            # None: the shipped tools policy learned the task without a system message, and under one it
+            # does not call the calculator.
             instructions=None,
             tools=[calculator_tool],
             model=model_class(model=sampling.model, openai_client=client),

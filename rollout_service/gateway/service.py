@@ -180,8 +180,8 @@ class AgentGateway:
         answer = await self.chat(chat, session_id, small=small)
         answer = dataclasses.replace(answer, id=f"resp_{answer.id.removeprefix('chatcmpl-')}")
         if session is not None and request.store and answer.call_index is not None:
-            first = 1 if request.instructions is not None else 0  # instructions are not carried over
-            session.responses[answer.id] = StoredResponse(answer.call_index, first)
+            # Instructions are not carried over: the stored conversation starts after them.
+            session.responses[answer.id] = StoredResponse(answer.call_index, request.instruction_messages)
         return answer
 
     def _continued(self, request: ResponsesRequest, session: Session | None) -> ChatRequest:
@@ -196,7 +196,7 @@ class AgentGateway:
             )
         assert request.previous_response_id is not None
         earlier = session.stored_conversation(request.previous_response_id)
-        head = request.chat.messages[:1] if request.instructions is not None else ()
+        head = request.chat.messages[: request.instruction_messages]
         messages = head + earlier + request.input_messages
         if len(messages) > self.settings.max_messages:
             raise ResourceExhausted(

@@ -139,9 +139,14 @@ class ResponsesRequest:
         return self.chat.stream
 
     @property
+    def instruction_messages(self) -> int:
+        """How many of ``chat.messages`` come first from ``instructions`` (1 or 0)."""
+        return 0 if self.instructions is None else 1
+
+    @property
     def input_messages(self) -> tuple[Message, ...]:
         """The input's messages, without the system message of ``instructions``."""
-        return self.chat.messages[1:] if self.instructions is not None else self.chat.messages
+        return self.chat.messages[self.instruction_messages :]
 
 
 @dataclass(frozen=True)
