@@ -12,7 +12,8 @@ does: a turn that sends back the previous turn's output items extends the record
 - ``tools`` (function tools, flat: ``name``, ``description``, ``parameters``) and ``tool_choice`` as chat's;
   ``max_output_tokens`` the call's ``max_tokens``; ``temperature``, ``top_p`` as chat's; ``include`` with
   ``message.output_text.logprobs``: chat's ``logprobs`` (the reply's sampled tokens, tool calls included, as
-  chat gives them); its other values ask for what this server does not produce and change nothing.
+  chat gives them); its other values ask for what this server does not produce and change nothing;
+  ``metadata`` (string pairs within OpenAI's bounds) is echoed.
 
 The answer is a ``response`` object: the reply's text as a ``message`` item with one ``output_text`` part,
 each tool call a ``function_call`` item (``call_id`` the id chat gives it); ``status`` "incomplete" with
@@ -63,6 +64,8 @@ _CHAT_KEYS = ("stream", "temperature", "top_p", "top_k", "min_p", "repetition_pe
 _MESSAGE_ROLES = frozenset({"user", "system", "developer", "assistant"})
 _LOGPROBS = "message.output_text.logprobs"
 MAX_INCLUDE = 16  # the API defines fewer values than this
+# OpenAI's bounds on ``metadata``: key-value pairs, characters of a key, characters of a value.
+MAX_METADATA_PAIRS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 
 
@@ -91,6 +94,7 @@ def decode_responses_request(body: Any, settings: GatewaySettings) -> ResponsesR
         as_string(previous, "previous_response_id", empty=False)
     store = body.get("store") is None or read_bool(body, "store")
     logprobs = _LOGPROBS in _include(body.get("include"))
+    metadata = _metadata(body.get("metadata"))
     instructions = body.get("instructions")
     conversation = _conversation(instructions, body.get("input"), settings.max_messages)
     chat: dict[str, Any] = {
@@ -110,7 +114,25 @@ def decode_responses_request(body: Any, settings: GatewaySettings) -> ResponsesR
     except ServiceError as error:
         error.field = responses_field(error.field, conversation.origins)
         raise
-    return ResponsesRequest(request, instructions, previous, store)
+    return ResponsesRequest(request, instructions, previous, store, metadata)
+
+
+def _metadata(metadata: Any) -> dict[str, str]:
+    """``metadata`` as OpenAI bounds it: at most 16 pairs of a string key (≤ 64 characters) and a string
+    value (≤ 512 characters); checked before it is walked, echoed in the response."""
+    if metadata is None:
+        return {}
+    metadata = as_object(metadata, "metadata")
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise InvalidArgument(f"at most {MAX_METADATA_PAIRS} key-value pairs", field="metadata")
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY_CHARS:
+            raise InvalidArgument(f"a key is over {MAX_METADATA_KEY_CHARS} characters", field="metadata")
+        if not isinstance(value, str) or len(value) > MAX_METADATA_VALUE_CHARS:
+            raise InvalidArgument(
+                f"must be a string of at most {MAX_METADATA_VALUE_CHARS} characters", field=f"metadata.{key}"
+            )
+    return dict(metadata)
 
 
 def _include(include: Any) -> list[str]:
@@ -311,7 +333,7 @@ def encode_response(answer: Answer, request: ResponsesRequest) -> dict[str, Any]
         "store": request.store,
         "text": {"format": {"type": "text"}},
         "truncation": "disabled",
-        "metadata": {},
+        "metadata": request.metadata,
         "usage": {
             "input_tokens": counts["prompt_tokens"],
             "input_tokens_details": {"cached_tokens": 0},

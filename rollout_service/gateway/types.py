@@ -4,7 +4,8 @@ and a session's trajectory. Plain data; the OpenAI JSON shapes are :mod:`openai_
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rollout_service.types import FinishReason, SamplingSpec
@@ -127,12 +128,14 @@ class ResponsesRequest:
     """``POST /v1/responses`` as the chat request it means, and what that API adds. ``chat.messages``:
     the system message of ``instructions`` (when given), then the ``input``'s messages.
     ``previous_response_id``: a stored response of the session whose conversation comes before the input;
-    ``store``: keep this response for a later ``previous_response_id``."""
+    ``store``: keep this response for a later ``previous_response_id``; ``metadata``: the caller's
+    key-value strings, echoed in the response."""
 
     chat: ChatRequest
     instructions: str | None = None
     previous_response_id: str | None = None
     store: bool = True
+    metadata: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def stream(self) -> bool:

@@ -190,9 +190,11 @@ def test_a_tool_loop_over_the_responses_api_is_one_exact_sequence_as_chat_would_
         input=inputs,
         tools=[RESPONSES_CALCULATOR],
         max_output_tokens=40,
+        metadata={"episode": "7"},
         extra_body={"seed": seed},
     )
     assert first.status == "completed" and first.object == "response"
+    assert first.metadata == {"episode": "7"}
     [call] = [item for item in first.output if item.type == "function_call"]
     assert call.name == "calculator" and call.call_id
     inputs += [item.model_dump(exclude_none=True) for item in first.output]  # as the Agents SDK sends them
@@ -412,6 +414,8 @@ def test_a_streamed_response_is_the_apis_events_ending_in_the_whole_response(run
         ),
         ({"text": {"format": {"type": "json_object"}}}, 400, "text.format", "text"),
         ({"instructions": 5}, 400, "instructions", "string"),
+        ({"metadata": {str(i): "v" for i in range(17)}}, 400, "metadata", "16 key-value pairs"),
+        ({"metadata": {"run": "v" * 513}}, 400, "metadata.run", "512 characters"),
     ],
 )
 def test_bad_responses_requests_name_the_field_as_the_caller_wrote_it(running, fields, status, param, needle):

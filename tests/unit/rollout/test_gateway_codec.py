@@ -264,11 +264,21 @@ def test_a_responses_error_names_the_item_the_caller_wrote():
     assert info.value.field == "input" and "gateway.max_messages" in info.value.message
     assert responses_codec.responses_field("messages[0].content", ["instructions"]) == "instructions"
     assert responses_codec.responses_field("tools[2].function.parameters") == "tools[2].parameters"
-    bad = [("previous_response_id", ""), ("previous_response_id", 5), ("store", "no"), ("include", "x")]
-    for field, value in bad:
+    bad = [
+        ("previous_response_id", "", "previous_response_id"),
+        ("previous_response_id", 5, "previous_response_id"),
+        ("store", "no", "store"),
+        ("include", "x", "include"),
+        ("metadata", ["a"], "metadata"),
+        ("metadata", {str(i): "v" for i in range(17)}, "metadata"),
+        ("metadata", {"k" * 65: "v"}, "metadata"),
+        ("metadata", {"run": 5}, "metadata.run"),
+        ("metadata", {"run": "v" * 513}, "metadata.run"),
+    ]
+    for field, value, named in bad:
         with pytest.raises(InvalidArgument) as info:
             responses_codec.decode_responses_request({"input": "q", field: value}, SETTINGS)
-        assert info.value.field == field
+        assert info.value.field == named
 
 
 def test_include_output_text_logprobs_asks_chat_for_the_sampled_tokens_logprobs():
@@ -295,9 +305,15 @@ def test_a_served_call_answers_as_a_response_object():
         0, [5, 6], [-0.1, -0.2], [0, 0], "x", FinishReason.STOP, Message("assistant", "Hm.", (call,))
     )
     answer = Answer("resp_abc", "chat", 1700000000, "tools", [1, 2, 3], [choice])
-    body = {"input": "q", "instructions": "Be brief.", "previous_response_id": "resp_0"}
+    body = {
+        "input": "q",
+        "instructions": "Be brief.",
+        "previous_response_id": "resp_0",
+        "metadata": {"k" * 64: "v" * 512, "run": "7"},
+    }
     request = responses_codec.decode_responses_request(body, SETTINGS)
     out = responses_codec.encode_response(answer, request)
+    assert out["metadata"] == body["metadata"]
     assert out["object"] == "response" and out["id"] == "resp_abc" and out["status"] == "completed"
     assert (out["instructions"], out["previous_response_id"], out["store"]) == ("Be brief.", "resp_0", True)
     message, function_call = out["output"]
