@@ -128,10 +128,8 @@ def _metadata(metadata: Any) -> dict[str, str]:
     for key, value in metadata.items():
         if len(key) > MAX_METADATA_KEY_CHARS:
             raise InvalidArgument(f"a key is over {MAX_METADATA_KEY_CHARS} characters", field="metadata")
-        if not isinstance(value, str) or len(value) > MAX_METADATA_VALUE_CHARS:
-            raise InvalidArgument(
-                f"must be a string of at most {MAX_METADATA_VALUE_CHARS} characters", field=f"metadata.{key}"
-            )
+        if len(as_string(value, f"metadata.{key}")) > MAX_METADATA_VALUE_CHARS:
+            raise InvalidArgument(f"is over {MAX_METADATA_VALUE_CHARS} characters", field=f"metadata.{key}")
     return dict(metadata)
 
 
